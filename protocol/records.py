@@ -1,0 +1,271 @@
+"""Record-batch headers (magic v2), read without touching the records.
+
+A batch on the wire and in a segment's `.log` is
+
+    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8
+    | crc uint32 | attributes int16 | lastOffsetDelta int32 | baseTimestamp int64
+    | maxTimestamp int64 | producerId int64 | producerEpoch int16 | baseSequence int32
+    | recordsCount int32 | records...
+
+`batchLength` counts the bytes after itself, so a batch occupies 12 + batchLength
+bytes. The CRC-32C covers attributes to the end of the batch. Brokers may end a
+fetch response with a partial batch (a fetch is cut at max bytes, not on batch
+boundaries); the walker stops before it and reports how many bytes were whole.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from typing import Final
+
+import crc32c
+
+from .errors import DecodeError
+
+# Offsets of the fixed fields, in Kafka's DefaultRecordBatch order.
+_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE: Final = _HEADER.size  # 61
+LOG_OVERHEAD: Final = _PREFIX.size  # 12: offset + length, as Kafka calls it
+MAGIC_OFFSET: Final = 16
+CRC_OFFSET: Final = 17
+ATTRIBUTES_OFFSET: Final = 21
+CURRENT_MAGIC: Final = 2
+# Kafka refuses a batch smaller than its own header; anything below is garbage.
+_MIN_BATCH_LENGTH: Final = HEADER_SIZE - LOG_OVERHEAD
+
+_COMPRESSION_MASK: Final = 0x07
+_TIMESTAMP_TYPE_FLAG: Final = 0x08
+_TRANSACTIONAL_FLAG: Final = 0x10
+_CONTROL_FLAG: Final = 0x20
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(enum.IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class ControlType(enum.IntEnum):
+    """The key of the single record in a control batch (transaction marker)."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+class BatchHeader:
+    """The fixed header of one record batch and where it sits in its buffer."""
+
+    __slots__ = (
+        "position",
+        "base_offset",
+        "batch_length",
+        "partition_leader_epoch",
+        "magic",
+        "crc",
+        "attributes",
+        "last_offset_delta",
+        "base_timestamp",
+        "max_timestamp",
+        "producer_id",
+        "producer_epoch",
+        "base_sequence",
+        "records_count",
+    )
+
+    def __init__(self, position: int, fields: tuple) -> None:
+        self.position = position
+        (
+            self.base_offset,
+            self.batch_length,
+            self.partition_leader_epoch,
+            self.magic,
+            self.crc,
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.records_count,
+        ) = fields
+
+    @property
+    def size(self) -> int:
+        """Bytes the batch occupies, size fields included."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.size
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & _COMPRESSION_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType(1 if self.attributes & _TIMESTAMP_TYPE_FLAG else 0)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL_FLAG)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_FLAG)
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchHeader(position={self.position}, base_offset={self.base_offset}, "
+            f"last_offset={self.last_offset}, size={self.size}, "
+            f"leader_epoch={self.partition_leader_epoch}, records={self.records_count}, "
+            f"compression={self.compression.name}, transactional={self.is_transactional}, "
+            f"control={self.is_control})"
+        )
+
+
+def read_batch_header(buffer: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader | None:
+    """The batch starting at `position`, or None when the buffer holds only part of it.
+
+    Raises DecodeError for bytes that cannot be a v2 batch.
+    """
+    available = len(buffer) - position
+    if available < LOG_OVERHEAD:
+        return None
+    _, batch_length = _PREFIX.unpack_from(buffer, position)
+    if batch_length < _MIN_BATCH_LENGTH:
+        raise DecodeError(f"record batch at byte {position} has invalid length {batch_length}")
+    if available < HEADER_SIZE:
+        return None
+    magic = buffer[position + MAGIC_OFFSET]
+    if magic != CURRENT_MAGIC:
+        raise DecodeError(f"record batch at byte {position} has magic {magic}, only v2 is supported")
+    if available < LOG_OVERHEAD + batch_length:
+        return None
+    header = BatchHeader(position, _HEADER.unpack_from(buffer, position))
+    if header.attributes & _COMPRESSION_MASK > Compression.ZSTD:
+        raise DecodeError(f"record batch at byte {position} has unknown compression {header.attributes & 7}")
+    return header
+
+
+def iter_batches(
+    buffer: bytes | bytearray | memoryview,
+    start: int = 0,
+    *,
+    verify_crc: bool = False,
+) -> Iterator[BatchHeader]:
+    """Every whole batch from `start`; a partial trailing batch ends the walk."""
+    position = start
+    while True:
+        header = read_batch_header(buffer, position)
+        if header is None:
+            return
+        if verify_crc and not crc_valid(buffer, header):
+            raise DecodeError(
+                f"record batch at offset {header.base_offset} (byte {position}) failed its CRC-32C check"
+            )
+        yield header
+        position = header.end_position
+
+
+def crc_valid(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> bool:
+    view = memoryview(buffer)[header.position + ATTRIBUTES_OFFSET : header.end_position]
+    return crc32c.crc32c(view) == header.crc
+
+
+def whole_batches_size(buffer: bytes | bytearray | memoryview, start: int = 0) -> int:
+    """Bytes from `start` covered by whole batches (a partial tail is excluded)."""
+    end = start
+    for header in iter_batches(buffer, start):
+        end = header.end_position
+    return end - start
+
+
+def first_batch_from(buffer: bytes | bytearray | memoryview, offset: int, start: int = 0) -> BatchHeader | None:
+    """The first batch whose last offset is >= `offset` (the one holding it, or after)."""
+    for header in iter_batches(buffer, start):
+        if header.last_offset >= offset:
+            return header
+    return None
+
+
+def trim_to_budget(
+    buffer: bytes | bytearray | memoryview,
+    max_bytes: int,
+    start: int = 0,
+    *,
+    min_one_batch: bool = False,
+) -> memoryview:
+    """Whole batches from `start` that fit in `max_bytes`, as a view (no copy).
+
+    With `min_one_batch` the first batch is returned even if it alone exceeds the
+    budget: KIP-74 lets the first partition with data make progress that way.
+    """
+    end = start
+    for header in iter_batches(buffer, start):
+        if header.end_position - start > max_bytes and not (min_one_batch and end == start):
+            break
+        end = header.end_position
+    return memoryview(buffer)[start:end]
+
+
+def control_type(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> ControlType:
+    """Whether a control batch is a COMMIT or ABORT marker.
+
+    Control batches are never compressed and hold one record whose key is
+    (version int16, type int16); the record's varint prefix fields are skipped.
+    """
+    if not header.is_control:
+        raise ValueError(f"batch at offset {header.base_offset} is not a control batch")
+    position = header.position + HEADER_SIZE
+    end = header.end_position
+    position = _skip_varint(buffer, position, end)  # record length
+    position += 1  # record attributes
+    position = _skip_varint(buffer, position, end)  # timestamp delta
+    position = _skip_varint(buffer, position, end)  # offset delta
+    key_length, position = _read_varint(buffer, position, end)
+    if key_length < 4 or position + 4 > end:
+        raise DecodeError(f"control batch at offset {header.base_offset} has a malformed key")
+    _, type_ = struct.unpack_from(">hh", buffer, position)
+    try:
+        return ControlType(type_)
+    except ValueError:
+        raise DecodeError(f"control batch at offset {header.base_offset} has unknown type {type_}") from None
+
+
+def _read_varint(buffer, position: int, end: int) -> tuple[int, int]:
+    """A zig-zag varint as used inside records."""
+    shift = 0
+    raw = 0
+    while True:
+        if position >= end or shift > 63:
+            raise DecodeError("malformed varint in record")
+        byte = buffer[position]
+        position += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (raw >> 1) ^ -(raw & 1), position
+        shift += 7
+
+
+def _skip_varint(buffer, position: int, end: int) -> int:
+    return _read_varint(buffer, position, end)[1]
