@@ -1,0 +1,39 @@
+"""Errors of the remote tier. Only the proxy's Fetch handler turns them into Kafka codes."""
+
+
+class RemoteStorageError(Exception):
+    """A remote storage operation failed.
+
+    `retriable` tells the caller whether the same call may succeed later (a timeout,
+    a throttled or unreachable store) or never will (bad credentials, corrupt data).
+    """
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class RemoteResourceNotFound(RemoteStorageError):
+    """The object a segment's metadata points at does not exist in the store."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
+
+
+class CorruptRemoteSegment(RemoteStorageError):
+    """An object's size or CRC-32C disagrees with its segment's manifest; never serve it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
+
+
+class RemoteLogMetadataError(Exception):
+    """Metadata that breaks the remote log's rules (an illegal state transition, say)."""
+
+
+class IllegalStateTransition(RemoteLogMetadataError):
+    pass
+
+
+class MetadataNotReady(RemoteLogMetadataError):
+    """A partition's remote log metadata has not been loaded yet (REPLICA_NOT_AVAILABLE)."""
