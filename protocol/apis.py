@@ -1,0 +1,70 @@
+"""Kafka API keys, error codes and ListOffsets special timestamps.
+
+One source of truth each: API keys come from kio's schema index and error codes are
+kio's ``ErrorCode``, so a kio upgrade brings new APIs and codes with it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+
+__all__ = ("ApiKey", "ErrorCode", "OffsetSpec", "error_name")
+
+# Kafka spells API names in upper snake case (ApiKeys.java: LIST_OFFSETS, ...).
+ApiKey = enum.IntEnum(  # type: ignore[misc]
+    "ApiKey",
+    [(name.upper(), key) for key, name in sorted(api_key_map.items())],
+    module=__name__,
+)
+ApiKey.__doc__ = "Kafka API keys known to kio, named as in Kafka's ApiKeys."
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code, e.g. ``error_name(1) == "OFFSET_OUT_OF_RANGE"``.
+
+    Codes kio does not know (a newer broker) still get a printable name.
+    """
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"UNKNOWN_ERROR_CODE_{code}"
+
+
+class OffsetSpec(enum.IntEnum):
+    """Special ListOffsets timestamps (ListOffsetsRequest.json, KIP-734, KIP-1005).
+
+    Each is valid only from ``min_version`` of the ListOffsets API on; below it the
+    broker answers UNSUPPORTED_VERSION for that partition.
+    """
+
+    LATEST = -1
+    EARLIEST = -2
+    MAX_TIMESTAMP = -3
+    EARLIEST_LOCAL_TIMESTAMP = -4
+    LATEST_TIERED_TIMESTAMP = -5
+
+    @property
+    def min_version(self) -> int:
+        return _MIN_VERSION[self]
+
+    @classmethod
+    def supported(cls, timestamp: int, version: int) -> bool:
+        """Whether ListOffsets ``version`` accepts ``timestamp`` (plain times always)."""
+        if timestamp >= 0:
+            return True
+        try:
+            return version >= cls(timestamp).min_version
+        except ValueError:
+            return False
+
+
+_MIN_VERSION = {
+    OffsetSpec.LATEST: 1,
+    OffsetSpec.EARLIEST: 1,
+    OffsetSpec.MAX_TIMESTAMP: 7,
+    OffsetSpec.EARLIEST_LOCAL_TIMESTAMP: 8,
+    OffsetSpec.LATEST_TIERED_TIMESTAMP: 9,
+}
