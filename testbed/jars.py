@@ -1,0 +1,137 @@
+"""Apache Kafka jars from Maven Central, resolved once into a cache directory.
+
+``testbed/pom.xml`` is the single source of truth for the Kafka version and
+the jar set. ``<cache>/kafka-<version>/libs`` holds the jars, where ``<cache>``
+is ``$TIERPROXY_CACHE`` or ``~/.cache/tierproxy``. A ``.pom-sha256`` file in
+that directory records which pom resolved it, so editing the pom (a new
+dependency, say) re-resolves once; otherwise Maven is never called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Sequence
+
+POM = Path(__file__).with_name("pom.xml")
+_MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+_STAMP = ".pom-sha256"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MAVEN_TIMEOUT_S = 900
+
+
+def _pom_kafka_version() -> str:
+    node = ET.parse(POM).getroot().find("m:properties/m:kafka.version", _MAVEN_NS)
+    if node is None or not (node.text or "").strip():
+        raise RuntimeError(f"{POM} has no <kafka.version> property")
+    return node.text.strip()
+
+
+KAFKA_VERSION = _pom_kafka_version()
+
+
+class MavenError(RuntimeError):
+    """The Kafka jars could not be resolved."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIERPROXY_CACHE") or Path.home() / ".cache" / "tierproxy")
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def _is_complete(libs: Path, version: str) -> bool:
+    stamp = libs / _STAMP
+    return (
+        (libs / f"kafka_2.13-{version}.jar").is_file()
+        and stamp.is_file()
+        and stamp.read_text().strip() == _pom_digest()
+    )
+
+
+def kafka_libs(
+    version: str = KAFKA_VERSION,
+    *,
+    cache: Path | None = None,
+    maven_args: Sequence[str] = (),
+) -> Path:
+    """The directory of jars that runs Kafka ``version``, resolving it if needed.
+
+    Maven writes into a temporary directory beside the target, renamed into
+    place only when complete, so an interrupted download is never used.
+    ``maven_args`` go to ``mvn`` as given (``-o``, ``-s settings.xml`` ...).
+    """
+    base = (cache or cache_dir()) / f"kafka-{version}"
+    libs = base / "libs"
+    if _is_complete(libs, version):
+        return libs
+    base.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".libs-", dir=base))
+    try:
+        _copy_dependencies(version, staging, maven_args)
+        (staging / _STAMP).write_text(_pom_digest() + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private; the jars are shared
+        if libs.exists():
+            # A stale set (older pom). Move it aside first: rename cannot replace a
+            # non-empty directory.
+            stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=base))
+            libs.rename(stale / "libs")
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            staging.rename(libs)
+        except OSError:
+            if not _is_complete(libs, version):
+                raise
+            # Another process resolved the same jars first; use theirs.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def _copy_dependencies(version: str, out: Path, maven_args: Sequence[str]) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MavenError("mvn is not installed; it is needed once to fetch the Kafka jars")
+    cmd = [
+        mvn, "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}",
+        *maven_args,
+        "dependency:copy-dependencies", f"-DoutputDirectory={out}",
+    ]
+    try:
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=MAVEN_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise MavenError(
+            f"Maven Central could not be reached: mvn did not finish within "
+            f"{MAVEN_TIMEOUT_S} s resolving Apache Kafka {version}"
+        ) from exc
+    if done.returncode == 0:
+        return
+    output = [line for line in _ANSI.sub("", done.stdout + done.stderr).splitlines()
+              if line.strip() not in ("", "[ERROR]")]
+    tail = "\n".join(output[-15:])
+    if any("could not be found in" in line or "was not found in" in line for line in output):
+        raise MavenError(
+            f"Apache Kafka {version} is not (completely) on Maven Central "
+            f"(mvn exit {done.returncode}). Last mvn output:\n{tail}"
+        )
+    raise MavenError(
+        f"Maven Central could not be reached to resolve the Apache Kafka {version} jars "
+        f"(mvn exit {done.returncode}); no broker is started without them. "
+        f"Last mvn output:\n{tail}"
+    )
+
+
+def classpath(libs: Path) -> str:
+    # The JVM expands "dir/*" itself; keep it unexpanded.
+    return f"{libs}/*"

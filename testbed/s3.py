@@ -1,0 +1,187 @@
+"""moto's S3 server as a real HTTP server on 127.0.0.1, in its own process.
+
+moto keeps everything in memory: ``restart()`` comes back on the same port
+with no buckets and no objects. It creates the bucket again only when asked
+(``restart(create_bucket=True)``), so a test can tell "S3 was down" apart
+from "S3 lost the data".
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from testbed.ports import LOOPBACK, free_port
+from testbed.processes import log_tail, spawn, stop_pids
+
+REGION = "us-east-1"
+ACCESS_KEY = "testing"
+SECRET_KEY = "testing"
+START_TIMEOUT_S = 30.0
+
+
+class S3StartError(RuntimeError):
+    pass
+
+
+def moto_server_binary() -> Path:
+    # The console script installed beside this interpreter (the venv's bin dir).
+    path = Path(sys.executable).parent / "moto_server"
+    if not path.is_file():
+        raise S3StartError(f"{path} not found: install moto[server]")
+    return path
+
+
+class S3Server:
+    def __init__(self, bucket: str = "tierproxy-test", *, port: int | None = None,
+                 workdir: Path | None = None, detached: bool = False) -> None:
+        self.bucket = bucket
+        self.region = REGION
+        self.access_key = ACCESS_KEY
+        self.secret_key = SECRET_KEY
+        self._port = port
+        self._given_workdir = Path(workdir) if workdir is not None else None
+        self._workdir: Path | None = self._given_workdir
+        # Detached servers outlive this Python process (python -m testbed up).
+        self._detached = detached
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("S3 server is not started")
+        return self._port
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        if self._workdir is None:
+            raise RuntimeError("S3 server is not started")
+        return self._workdir / "moto_server.log"
+
+    def start(self, *, create_bucket: bool = True) -> "S3Server":
+        if self._process is not None:
+            raise RuntimeError("S3 server already started")
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="tierproxy-s3-"))
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        if self._port is None:
+            self._port = free_port()
+        if not self._detached:
+            atexit.register(self._stop_at_exit)
+        self._process = spawn(
+            [str(moto_server_binary()), "-H", LOOPBACK, "-p", str(self._port)],
+            self.log_path, detached=self._detached,
+        )
+        try:
+            self._wait_until_serving()
+            if create_bucket:
+                self.create_bucket()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_serving(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self._process.poll() is not None:
+                raise S3StartError(f"moto_server exited with {self._process.returncode}:\n"
+                                   f"{log_tail(self.log_path)}")
+            if self.answers():
+                return
+            if time.monotonic() > deadline:
+                raise S3StartError(f"moto_server did not answer on {self.endpoint_url} within "
+                                   f"{START_TIMEOUT_S:.0f} s:\n{log_tail(self.log_path)}")
+            time.sleep(0.1)
+
+    def answers(self) -> bool:
+        """True when the server answers HTTP (any status) on its port."""
+        try:
+            with urllib.request.urlopen(self.endpoint_url + "/", timeout=1.0):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def create_bucket(self) -> None:
+        self.client().create_bucket(Bucket=self.bucket)
+
+    def client(self) -> Any:
+        """A synchronous botocore S3 client, for set-up and checks in tests."""
+        import botocore.session
+
+        return botocore.session.get_session().create_client(
+            "s3", endpoint_url=self.endpoint_url, region_name=self.region,
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop by pid; the port stays reserved for ``restart()``."""
+        atexit.unregister(self._stop_at_exit)
+        process, self._process = self._process, None
+        if process is not None:
+            try:
+                stop_pids([process.pid], timeout=timeout)
+            finally:
+                process.poll()
+
+    def restart(self, *, create_bucket: bool = False) -> "S3Server":
+        """Stop, then start on the same port. moto's state is gone afterwards."""
+        self.stop()
+        return self.start(create_bucket=create_bucket)
+
+    def close(self) -> None:
+        """Stop and remove the working directory (if it was a temporary one)."""
+        self.stop()
+        if self._given_workdir is None and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def _stop_at_exit(self) -> None:
+        try:
+            self.stop(timeout=3.0)
+        except Exception:  # noqa: BLE001 - interpreter is exiting
+            pass
+
+    def __enter__(self) -> "S3Server":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def s3_client(server_or_endpoint: S3Server | str, *, region: str = REGION,
+              access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
+              **client_kwargs: Any) -> Any:
+    """An aiobotocore S3 client context manager: ``async with s3_client(s3) as client:``."""
+    from aiobotocore.session import get_session
+
+    if isinstance(server_or_endpoint, S3Server):
+        endpoint = server_or_endpoint.endpoint_url
+        region = server_or_endpoint.region
+        access_key = server_or_endpoint.access_key
+        secret_key = server_or_endpoint.secret_key
+    else:
+        endpoint = server_or_endpoint
+    return get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name=region,
+        aws_access_key_id=access_key, aws_secret_access_key=secret_key, **client_kwargs,
+    )
