@@ -286,7 +286,9 @@ def _writer(schema: type) -> Callable[[io.BytesIO, Any], None]:
 
 
 def _decode(schema: type, payload: Buffer) -> Any:
-    view = memoryview(payload).cast("B")
+    # kio's native reader refuses writable buffers; frames from FrameDecoder are views
+    # of a bytearray, so hand it a read-only view of the same memory (no copy).
+    view = memoryview(payload).cast("B").toreadonly()
     what = f"{schema.__name__} v{schema.__version__}"
     try:
         end = _entity_walk(schema)(view, 0, len(view))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, NamedTuple
 
 import crc32c
 
@@ -228,31 +228,54 @@ def trim_to_budget(
     return memoryview(buffer)[start:end]
 
 
-def control_type(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> ControlType:
-    """Whether a control batch is a COMMIT or ABORT marker.
+class EndTxnMarker(NamedTuple):
+    """The record of a control batch: Kafka's `EndTransactionMarker`."""
+
+    type: ControlType
+    coordinator_epoch: int
+    timestamp: int
+
+
+def read_end_txn_marker(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> EndTxnMarker:
+    """COMMIT or ABORT, coordinator epoch and timestamp of a control batch.
 
     Control batches are never compressed and hold one record whose key is
-    (version int16, type int16); the record's varint prefix fields are skipped.
+    (version int16, type int16) and value (version int16, coordinator epoch int32).
     """
     if not header.is_control:
         raise ValueError(f"batch at offset {header.base_offset} is not a control batch")
-    position = header.position + HEADER_SIZE
     end = header.end_position
+    position = header.position + HEADER_SIZE
     position = _skip_varint(buffer, position, end)  # record length
     position += 1  # record attributes
-    position = _skip_varint(buffer, position, end)  # timestamp delta
+    timestamp_delta, position = read_varint(buffer, position, end)
     position = _skip_varint(buffer, position, end)  # offset delta
-    key_length, position = _read_varint(buffer, position, end)
-    if key_length < 4 or position + 4 > end:
+    key_length, position = read_varint(buffer, position, end)
+    if key_length < 4 or position + key_length > end:
         raise DecodeError(f"control batch at offset {header.base_offset} has a malformed key")
     _, type_ = struct.unpack_from(">hh", buffer, position)
+    position += key_length
+    value_length, position = read_varint(buffer, position, end)
+    if value_length < 6 or position + value_length > end:
+        raise DecodeError(f"control batch at offset {header.base_offset} has a malformed value")
+    _, coordinator_epoch = struct.unpack_from(">hi", buffer, position)
     try:
-        return ControlType(type_)
+        marker = ControlType(type_)
     except ValueError:
         raise DecodeError(f"control batch at offset {header.base_offset} has unknown type {type_}") from None
+    if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+        timestamp = header.max_timestamp
+    else:
+        timestamp = header.base_timestamp + timestamp_delta
+    return EndTxnMarker(marker, coordinator_epoch, timestamp)
 
 
-def _read_varint(buffer, position: int, end: int) -> tuple[int, int]:
+def control_type(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> ControlType:
+    """Whether a control batch is a COMMIT or ABORT marker."""
+    return read_end_txn_marker(buffer, header).type
+
+
+def read_varint(buffer, position: int, end: int) -> tuple[int, int]:
     """A zig-zag varint as used inside records."""
     shift = 0
     raw = 0
@@ -268,4 +291,4 @@ def _read_varint(buffer, position: int, end: int) -> tuple[int, int]:
 
 
 def _skip_varint(buffer, position: int, end: int) -> int:
-    return _read_varint(buffer, position, end)[1]
+    return read_varint(buffer, position, end)[1]

@@ -135,6 +135,13 @@ def down(args: argparse.Namespace) -> int:
     return 0
 
 
+def resolve_jars(args: argparse.Namespace) -> int:
+    """Resolve the Kafka jars now (from Maven Central, once per version)."""
+    libs = jars.kafka_libs(jars.KAFKA_VERSION)
+    print(f"Apache Kafka {jars.KAFKA_VERSION}: {sum(1 for _ in libs.glob('*.jar'))} jars in {libs}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                        metavar="KEY=VALUE", help="broker setting, repeatable")
     commands.add_parser("status", help="show the state and whether it is healthy")
     commands.add_parser("down", help="stop everything and remove the state")
+    commands.add_parser("jars", help="resolve the Kafka jars from Maven Central into the cache")
     for sub in commands.choices.values():
         sub.add_argument("--state", type=Path, default=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in getattr(args, "broker_config", []):
         if "=" not in item:
             parser.error(f"--broker-config wants KEY=VALUE, got {item!r}")
-    return {"up": up, "status": status, "down": down}[args.command](args)
+    return {"up": up, "status": status, "down": down, "jars": resolve_jars}[args.command](args)
 
 
 if __name__ == "__main__":

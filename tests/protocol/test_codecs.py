@@ -143,6 +143,21 @@ def test_api_versions_response_uses_header_v0():
     assert decode_response(ApiKey.API_VERSIONS, 3, body[4:]) == response
 
 
+def test_frames_from_the_decoder_decode_without_a_copy():
+    """FrameDecoder yields views of a writable bytearray; kio's reader needs read-only."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+
+    from protocol.framing import FrameDecoder
+
+    response = ApiVersionsResponse(error_code=ErrorCode.none, api_keys=(), throttle_time=datetime.timedelta(0))
+    (body,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_frame(encode_response(response, 5))))
+    assert not body.readonly
+    assert decode_response(ApiKey.API_VERSIONS, 3, body[4:]) == response
+
+
 def test_trailing_bytes_are_refused():
     from kio.schema.describe_cluster.v1.request import DescribeClusterRequest
 

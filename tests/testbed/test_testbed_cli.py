@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from testbed import probe
+from testbed.jars import KAFKA_VERSION
 from testbed.processes import is_alive, pids_running
 
 
@@ -74,3 +75,9 @@ def test_status_reports_a_dead_broker(tmp_path: Path) -> None:
     finally:
         assert _testbed(state_path, "down").returncode == 0
     assert pids_running(str(tmp_path)) == []
+
+
+def test_jars_command_reports_the_cached_jars() -> None:
+    out = subprocess.run([sys.executable, "-m", "testbed", "jars"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"Apache Kafka {KAFKA_VERSION}:" in out.stdout
