@@ -1,0 +1,364 @@
+"""RemoteStorageManager: the remote tier's segment store (Kafka's KIP-405 interface, async).
+
+One segment is a handful of objects next to each other, named by `segment_object_key`:
+
+    <prefix>/<topic>-<topicId>/<partition>/<20-digit start offset>-<segment id>.<ext>
+
+with ext one of `log`, `index`, `timeindex`, `txnindex`, `snapshot`,
+`leader_epoch_checkpoint` and `manifest`. Topic and segment ids are written as
+Kafka prints a Uuid (22 characters of unpadded URL-safe base64), like Aiven's
+tiered-storage plugin; its suffixes differ (`leader-epoch-checkpoint`, `rsm-manifest`).
+
+A copy writes the manifest (see `storage.manifest`) last; a delete removes it
+first. So a segment with a manifest is complete, and one without is never served.
+
+Behaviour the Java interface leaves open, fixed here:
+- `fetch_log_segment` positions are inclusive, as in Kafka. An end past the last
+  byte is clamped to it; a start at or past the end gives an empty stream (what
+  Kafka's reference store does when it skips past the end of the file). A negative
+  start or an end before the start is a ValueError, as Kafka's IllegalArgumentException.
+- `fetch_index(TRANSACTION)` of a segment copied without a transaction index raises
+  RemoteResourceNotFound, as Kafka's does; Kafka's index cache then uses an empty index.
+- Deleting what is gone succeeds.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import enum
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+from cachetools import LRUCache
+
+from .errors import CorruptRemoteSegment, RemoteResourceNotFound
+from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
+from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
+
+
+class ObjectType(enum.Enum):
+    """The objects of one remote segment; the value is the key's extension."""
+
+    LOG = "log"
+    OFFSET_INDEX = "index"
+    TIME_INDEX = "timeindex"
+    TRANSACTION_INDEX = "txnindex"
+    PRODUCER_SNAPSHOT = "snapshot"
+    LEADER_EPOCH_CHECKPOINT = "leader_epoch_checkpoint"
+    MANIFEST = "manifest"
+
+    @classmethod
+    def of_index(cls, index_type: IndexType) -> ObjectType:
+        # IndexType carries Kafka's file suffixes (".index", ...); ours drop the dot.
+        return cls(index_type.suffix.removeprefix("."))
+
+
+def kafka_uuid(value: uuid.UUID) -> str:
+    """A Uuid as Kafka prints it (`Uuid.toString`): URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode("ascii")
+
+
+def partition_key_prefix(prefix: str, topic_id_partition: TopicIdPartition) -> str:
+    """Every object of a partition has a key starting with this (it ends with '/')."""
+    tip = topic_id_partition
+    head = prefix.strip("/")
+    head = f"{head}/" if head else ""
+    return f"{head}{tip.topic}-{kafka_uuid(tip.topic_id)}/{tip.partition}/"
+
+
+def segment_key_prefix(prefix: str, metadata: RemoteLogSegmentMetadata) -> str:
+    """Every object of a segment has a key starting with this (it ends with '.')."""
+    partition = partition_key_prefix(prefix, metadata.topic_id_partition)
+    return f"{partition}{metadata.start_offset:020d}-{kafka_uuid(metadata.segment_id.id)}."
+
+
+def segment_object_key(prefix: str, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> str:
+    return segment_key_prefix(prefix, metadata) + object_type.value
+
+
+class RemoteStorageManager(abc.ABC):
+    """Copy, fetch and delete remote log segments. Every method is idempotent or read-only.
+
+    Errors: RemoteResourceNotFound for a missing segment or object, CorruptRemoteSegment
+    when an object disagrees with its manifest or a copy is incomplete, otherwise
+    RemoteStorageError telling whether a retry may succeed. Nothing from the
+    underlying store escapes raw.
+    """
+
+    @abc.abstractmethod
+    async def copy_log_segment_data(self, metadata: RemoteLogSegmentMetadata, segment_data: LogSegmentData) -> None:
+        """Upload the segment's files, then its manifest. A retried copy overwrites."""
+
+    @abc.abstractmethod
+    def fetch_log_segment(
+        self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
+    ) -> AsyncIterator[bytes | memoryview]:
+        """Stream `.log` bytes [start_position, end_position], both inclusive, in chunks.
+
+        Errors surface on the first iteration. A caller that stops early should
+        close the stream (`contextlib.aclosing`) to release the connection at once.
+        """
+
+    @abc.abstractmethod
+    async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
+        """The whole index, checked against the manifest's size and CRC-32C."""
+
+    @abc.abstractmethod
+    async def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """Remove the segment's objects, manifest first. Deleting what is gone succeeds."""
+
+    @abc.abstractmethod
+    async def verify_segment(self, metadata: RemoteLogSegmentMetadata, *, check_crc: bool = False) -> Manifest:
+        """Check every object's size (and CRC-32C on request) against the manifest."""
+
+    @abc.abstractmethod
+    async def list_partition_objects(self, topic_id_partition: TopicIdPartition) -> list[str]:
+        """Keys of every object stored for the partition, sorted."""
+
+    @abc.abstractmethod
+    async def delete_partition(self, topic_id_partition: TopicIdPartition) -> None:
+        """Remove every object of the partition (partition removal); idempotent."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> RemoteStorageManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class ObjectStoreRemoteStorageManager(RemoteStorageManager):
+    """The segment logic once, over a small object-store interface each backend implements.
+
+    Backends implement the `_`-prefixed primitives, map their own failures to
+    storage errors, and raise RemoteResourceNotFound for a missing key.
+    """
+
+    def __init__(self, *, prefix: str = "", manifest_cache_size: int = 1024) -> None:
+        self.prefix = prefix
+        # Fetches of one segment come in runs (sequential reads of a partition):
+        # caching its manifest saves a round trip to the store per fetch.
+        self._manifests: LRUCache[RemoteLogSegmentId, Manifest] = LRUCache(maxsize=manifest_cache_size)
+
+    # -- primitives -------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
+        """Store a local file, streamed in chunks; returns size and CRC-32C of what was stored."""
+
+    @abc.abstractmethod
+    async def _put_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def _get_bytes(self, key: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def _open_range(
+        self, key: str, first: int, last: int
+    ) -> AbstractAsyncContextManager[tuple[int, AsyncIterator[bytes | memoryview]]]:
+        """Open bytes [first, last] of an object (inclusive, last < its size).
+
+        Yields the object's total size and an iterator over the range's chunks;
+        leaving the context releases the file or connection.
+        """
+
+    @abc.abstractmethod
+    async def _object_size(self, key: str) -> int | None:
+        """Size of an object, None when it does not exist."""
+
+    @abc.abstractmethod
+    async def _delete(self, keys: Iterable[str]) -> None:
+        """Remove objects; missing ones are not an error."""
+
+    @abc.abstractmethod
+    async def _list(self, key_prefix: str) -> list[str]:
+        """Keys starting with `key_prefix`."""
+
+    # -- RemoteStorageManager ---------------------------------------------------
+
+    def _key(self, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> str:
+        return segment_object_key(self.prefix, metadata, object_type)
+
+    async def copy_log_segment_data(self, metadata: RemoteLogSegmentMetadata, segment_data: LogSegmentData) -> None:
+        # A retried copy is incomplete until its own manifest lands, and a transaction
+        # index left by an earlier attempt must not outlive it.
+        stale = [self._key(metadata, ObjectType.MANIFEST)]
+        if segment_data.transaction_index is None:
+            stale.append(self._key(metadata, ObjectType.TRANSACTION_INDEX))
+        self._forget(metadata)
+        await self._delete(stale)
+
+        files = {
+            ObjectType.LOG: segment_data.log_segment,
+            ObjectType.OFFSET_INDEX: segment_data.offset_index,
+            ObjectType.TIME_INDEX: segment_data.time_index,
+            ObjectType.TRANSACTION_INDEX: segment_data.transaction_index,
+            ObjectType.PRODUCER_SNAPSHOT: segment_data.producer_snapshot_index,
+        }
+        entries: dict[str, ObjectEntry] = {}
+
+        async def put_file(object_type: ObjectType, path: Path) -> None:
+            entries[object_type.value] = await self._put_file(self._key(metadata, object_type), path)
+
+        async def put_leader_epochs(data: bytes) -> None:
+            await self._put_bytes(self._key(metadata, ObjectType.LEADER_EPOCH_CHECKPOINT), data)
+            entries[ObjectType.LEADER_EPOCH_CHECKPOINT.value] = entry_of(data)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for object_type, path in files.items():
+                    if path is not None:
+                        group.create_task(put_file(object_type, path))
+                group.create_task(put_leader_epochs(segment_data.leader_epoch_index))
+        except BaseExceptionGroup as group_error:
+            # Callers expect one storage error, not a group: raise the first failure.
+            raise group_error.exceptions[0] from group_error
+
+        manifest = Manifest(metadata.segment_id.id, metadata.start_offset, metadata.end_offset, entries)
+        await self._put_bytes(self._key(metadata, ObjectType.MANIFEST), manifest.encode())
+        self._manifests[metadata.segment_id] = manifest
+
+    def fetch_log_segment(
+        self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
+    ) -> AsyncIterator[bytes | memoryview]:
+        if start_position < 0:
+            raise ValueError(f"start position {start_position} is negative")
+        if end_position is not None and end_position < start_position:
+            raise ValueError(f"end position {end_position} is before start position {start_position}")
+        return self._stream_log(metadata, start_position, end_position)
+
+    async def _stream_log(
+        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None
+    ) -> AsyncIterator[bytes | memoryview]:
+        manifest = await self._manifest(metadata)
+        size = _entry(manifest, metadata, ObjectType.LOG).size
+        if start >= size:
+            return
+        last = size - 1 if end is None else min(end, size - 1)
+        key = self._key(metadata, ObjectType.LOG)
+        delivered = 0
+        try:
+            async with self._open_range(key, start, last) as (object_size, chunks):
+                # A ranged read cannot be CRC-checked: it gets the size check, and the
+                # record batches' own CRC-32C covers the bytes.
+                if object_size != size:
+                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {size}")
+                async for chunk in chunks:
+                    delivered += len(chunk)
+                    yield chunk
+            if delivered != last - start + 1:
+                raise CorruptRemoteSegment(f"{key}: got {delivered} bytes of range [{start}, {last}]")
+        except (RemoteResourceNotFound, CorruptRemoteSegment):
+            self._forget(metadata)  # the next call looks at the store again
+            raise
+
+    async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
+        object_type = ObjectType.of_index(index_type)
+        manifest = await self._manifest(metadata)
+        entry = manifest.entry(object_type.value)
+        if entry is None:
+            raise RemoteResourceNotFound(
+                f"segment {metadata.segment_id.id} was copied without a {index_type.name} index"
+            )
+        key = self._key(metadata, object_type)
+        try:
+            data = await self._get_bytes(key)
+            actual = entry_of(data)
+            if actual != entry:
+                raise CorruptRemoteSegment(_mismatch(key, actual, entry))
+        except (RemoteResourceNotFound, CorruptRemoteSegment):
+            self._forget(metadata)
+            raise
+        return data
+
+    async def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
+        self._forget(metadata)
+        await self._delete([self._key(metadata, ObjectType.MANIFEST)])
+        await self._delete([self._key(metadata, t) for t in ObjectType if t is not ObjectType.MANIFEST])
+
+    async def verify_segment(self, metadata: RemoteLogSegmentMetadata, *, check_crc: bool = False) -> Manifest:
+        self._forget(metadata)  # verify what is stored now, not what was cached
+        manifest = await self._manifest(metadata)
+        try:
+            _entry(manifest, metadata, ObjectType.LOG)
+            for extension, entry in manifest.objects.items():
+                await self._verify_object(segment_key_prefix(self.prefix, metadata) + extension, entry, check_crc)
+        except CorruptRemoteSegment:
+            self._forget(metadata)
+            raise
+        return manifest
+
+    async def list_partition_objects(self, topic_id_partition: TopicIdPartition) -> list[str]:
+        return sorted(await self._list(partition_key_prefix(self.prefix, topic_id_partition)))
+
+    async def delete_partition(self, topic_id_partition: TopicIdPartition) -> None:
+        for segment_id in [s for s in self._manifests if s.topic_id_partition == topic_id_partition]:
+            self._manifests.pop(segment_id, None)
+        keys = await self.list_partition_objects(topic_id_partition)
+        manifest_suffix = "." + ObjectType.MANIFEST.value
+        # Manifests first, as for one segment: no segment looks complete half-deleted.
+        await self._delete([k for k in keys if k.endswith(manifest_suffix)])
+        await self._delete([k for k in keys if not k.endswith(manifest_suffix)])
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
+        self._manifests.pop(metadata.segment_id, None)
+
+    async def _manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
+        cached = self._manifests.get(metadata.segment_id)
+        if cached is not None:
+            return cached
+        key = self._key(metadata, ObjectType.MANIFEST)
+        segment = f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
+        try:
+            data = await self._get_bytes(key)
+        except RemoteResourceNotFound:
+            # Objects without a manifest: a copy that never finished (or a delete
+            # that never did). Either way not a segment to serve.
+            if await self._list(segment_key_prefix(self.prefix, metadata)):
+                raise CorruptRemoteSegment(f"copy of {segment} incomplete: no manifest {key}") from None
+            raise RemoteResourceNotFound(f"{segment} is not in remote storage") from None
+        manifest = Manifest.decode(data, name=key)
+        if manifest.segment_id != metadata.segment_id.id:
+            raise CorruptRemoteSegment(f"{key} belongs to segment {manifest.segment_id}")
+        self._manifests[metadata.segment_id] = manifest
+        return manifest
+
+    async def _verify_object(self, key: str, entry: ObjectEntry, check_crc: bool) -> None:
+        size = await self._object_size(key)
+        if size is None:
+            raise CorruptRemoteSegment(f"{key} is in the manifest but missing")
+        if size != entry.size:
+            raise CorruptRemoteSegment(f"{key}: size {size}, manifest says {entry.size}")
+        if check_crc:
+            actual = await self._checksum(key, size) if size else ObjectEntry(0, 0)
+            if actual != entry:
+                raise CorruptRemoteSegment(_mismatch(key, actual, entry))
+
+    async def _checksum(self, key: str, size: int) -> ObjectEntry:
+        crc = Crc32cAccumulator()
+        async with self._open_range(key, 0, size - 1) as (_, chunks):
+            async for chunk in chunks:
+                crc.update(chunk)
+        return crc.entry()
+
+
+def _entry(manifest: Manifest, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> ObjectEntry:
+    entry = manifest.entry(object_type.value)
+    if entry is None:
+        raise CorruptRemoteSegment(f"manifest of segment {metadata.segment_id.id} lists no {object_type.value}")
+    return entry
+
+
+def _mismatch(key: str, actual: ObjectEntry, expected: ObjectEntry) -> str:
+    return (
+        f"{key}: size {actual.size} CRC-32C {actual.crc32c:#010x}, "
+        f"manifest says size {expected.size} CRC-32C {expected.crc32c:#010x}"
+    )

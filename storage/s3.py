@@ -1,0 +1,389 @@
+"""Remote segments in an S3 bucket, through aiobotocore.
+
+Reads are ranged GETs streamed in chunks; segments above a threshold go up as
+multipart uploads, aborted when any part fails. Retries are ours, not botocore's
+(its retry budget is set to one attempt): exponential backoff with jitter after
+Kafka's `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms` and
+`.retry.jitter`, on retriable failures only. A failure while a response body is
+being streamed is not retried here (bytes may already be with the caller); it
+surfaces as a retriable RemoteStorageError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore import exceptions as boto
+
+from .errors import RemoteResourceNotFound, RemoteStorageError
+from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
+from .rsm import ObjectStoreRemoteStorageManager
+
+MIB = 1 << 20
+S3_MIN_PART_BYTES = 5 * MIB  # every part but the last (S3's limit)
+S3_MAX_PARTS = 10_000
+DELETE_BATCH = 1000  # keys per DeleteObjects request (S3's limit)
+
+# Error codes S3 (and compatible stores) answer when asked to slow down.
+_THROTTLING_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+}
+_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
+
+T = TypeVar("T")
+
+
+def retry_backoff_ms(
+    attempt: int,
+    backoff_ms: float,
+    backoff_max_ms: float,
+    jitter: float,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Delay before retry number `attempt` (0 for the first retry).
+
+    `backoff_ms` doubled per attempt up to `backoff_max_ms`, times a random factor
+    in [1 - jitter, 1 + jitter], never above `backoff_max_ms` (as Kafka's
+    ExponentialBackoff behaves).
+    """
+    term = min(backoff_ms * 2.0 ** min(attempt, 64), backoff_max_ms)
+    factor = uniform(1.0 - jitter, 1.0 + jitter) if jitter > 0 else 1.0
+    return min(term * factor, backoff_max_ms)
+
+
+def storage_error(error: BaseException, what: str) -> RemoteStorageError:
+    """Translate an aiobotocore/aiohttp/OS failure into the storage errors."""
+    if isinstance(error, RemoteStorageError):
+        return error
+    if isinstance(error, boto.ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _NOT_FOUND_CODES or (status == 404 and code != "NoSuchBucket"):
+            return RemoteResourceNotFound(f"{what}: not found ({code or status})")
+        retriable = status >= 500 or status in (408, 429) or code in _THROTTLING_CODES
+        return RemoteStorageError(f"{what}: {code} (HTTP {status}): {error}", retriable=retriable)
+    if isinstance(error, boto.SSLError):
+        return RemoteStorageError(f"{what}: {error}", retriable=False)
+    if isinstance(
+        error,
+        (
+            boto.ConnectionError,
+            boto.HTTPClientError,
+            boto.IncompleteReadError,
+            aiohttp.ClientError,
+            asyncio.TimeoutError,
+            OSError,
+        ),
+    ):
+        return RemoteStorageError(f"{what}: {type(error).__name__}: {error}", retriable=True)
+    if isinstance(error, boto.BotoCoreError):
+        # Credentials, parameter validation, configuration: a retry will not help.
+        return RemoteStorageError(f"{what}: {type(error).__name__}: {error}", retriable=False)
+    raise error  # a bug of ours, not a storage failure: let it show as what it is
+
+
+class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        multipart_threshold_bytes: int = 16 * MIB,
+        multipart_part_bytes: int = 8 * MIB,
+        max_connections: int = 32,
+        retry_backoff_ms: int = 500,
+        retry_backoff_max_ms: int = 30_000,
+        retry_jitter: float = 0.2,
+        max_attempts: int = 5,
+        request_timeout_ms: int = 30_000,
+        chunk_bytes: int = MIB,
+        manifest_cache_size: int = 1024,
+    ) -> None:
+        if multipart_part_bytes < S3_MIN_PART_BYTES:
+            raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
+        if multipart_threshold_bytes < 1:
+            raise ValueError(f"multipart_threshold_bytes must be positive, got {multipart_threshold_bytes}")
+        if max_connections < 1 or max_attempts < 1 or chunk_bytes < 1 or request_timeout_ms < 1:
+            raise ValueError("max_connections, max_attempts, chunk_bytes and request_timeout_ms must be positive")
+        if not 0.0 <= retry_jitter <= 1.0:
+            raise ValueError(f"retry_jitter must be in [0, 1], got {retry_jitter}")
+        if retry_backoff_ms < 0 or retry_backoff_max_ms < retry_backoff_ms:
+            raise ValueError("need 0 <= retry_backoff_ms <= retry_backoff_max_ms")
+        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size)
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.multipart_threshold_bytes = multipart_threshold_bytes
+        self.multipart_part_bytes = multipart_part_bytes
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.retry_jitter = retry_jitter
+        self.max_attempts = max_attempts
+        self.chunk_bytes = chunk_bytes
+        self._credentials = (access_key_id, secret_access_key)
+        timeout_s = request_timeout_ms / 1000
+        self._config = AioConfig(
+            max_pool_connections=max_connections,
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            # Path-style addressing for S3-compatible stores (moto, MinIO) on a plain endpoint.
+            s3={"addressing_style": "path"} if endpoint_url else None,
+            # Our manifest holds CRC-32C of every object; skip botocore's extra checksums.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client: Any = None
+        self._client_stack: contextlib.AsyncExitStack | None = None
+        self._client_lock = asyncio.Lock()
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        async with self._client_lock:
+            stack, self._client_stack, self._client = self._client_stack, None, None
+            if stack is not None:
+                await stack.aclose()
+
+    async def _s3(self) -> Any:
+        """The one client of this instance, created on first use."""
+        if self._client is not None:
+            return self._client
+        async with self._client_lock:
+            if self._closed:
+                raise RemoteStorageError("S3 remote storage manager is closed", retriable=False)
+            if self._client is None:
+                access_key_id, secret_access_key = self._credentials
+                stack = contextlib.AsyncExitStack()
+                self._client = await stack.enter_async_context(
+                    get_session().create_client(
+                        "s3",
+                        endpoint_url=self.endpoint_url,
+                        region_name=self.region,
+                        aws_access_key_id=access_key_id,
+                        aws_secret_access_key=secret_access_key,
+                        config=self._config,
+                    )
+                )
+                self._client_stack = stack
+            return self._client
+
+    async def _call(self, what: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """Run `request(client)`, retrying retriable failures with backoff."""
+        attempt = 0
+        while True:
+            try:
+                return await request(await self._s3())
+            except Exception as e:  # noqa: BLE001 - storage_error re-raises what is not ours
+                error = storage_error(e, f"{what} (attempt {attempt + 1} of {self.max_attempts})")
+                if not error.retriable or attempt + 1 >= self.max_attempts:
+                    raise error from e
+            delay_ms = retry_backoff_ms(attempt, self.retry_backoff_ms, self.retry_backoff_max_ms, self.retry_jitter)
+            await asyncio.sleep(delay_ms / 1000)
+            attempt += 1
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # -- primitives -------------------------------------------------------------
+
+    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
+        try:
+            size = (await asyncio.to_thread(path.stat)).st_size
+        except OSError as e:
+            raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+        if size < self.multipart_threshold_bytes:
+            data = await _read_local(path)  # below the threshold: bounded by configuration
+            await self._put_bytes(key, data)
+            return entry_of(data)
+        return await self._put_multipart(key, path)
+
+    async def _put_multipart(self, key: str, path: Path) -> ObjectEntry:
+        where = self._where(key)
+        created = await self._call(
+            f"create multipart upload {where}",
+            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key),
+        )
+        upload_id = created["UploadId"]
+        crc = Crc32cAccumulator()
+        parts = []
+        try:
+            try:
+                f = await asyncio.to_thread(open, path, "rb")
+            except OSError as e:
+                raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+            try:
+                while part := await _read_part(f, path, self.multipart_part_bytes):
+                    number = len(parts) + 1
+                    if number > S3_MAX_PARTS:
+                        raise RemoteStorageError(f"{where}: more than {S3_MAX_PARTS} parts", retriable=False)
+                    crc.update(part)
+                    response = await self._call(
+                        f"upload part {number} of {where}",
+                        lambda s3, part=part, number=number: s3.upload_part(
+                            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part
+                        ),
+                    )
+                    parts.append({"PartNumber": number, "ETag": response["ETag"]})
+            finally:
+                await asyncio.to_thread(f.close)
+            await self._call(
+                f"complete multipart upload {where}",
+                lambda s3: s3.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
+        except BaseException:
+            # Parts of an unfinished upload are stored (and billed) until aborted.
+            with contextlib.suppress(Exception):
+                client = await self._s3()
+                await client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            raise
+        return crc.entry()
+
+    async def _put_bytes(self, key: str, data: bytes) -> None:
+        await self._call(
+            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+        )
+
+    async def _get_bytes(self, key: str) -> bytes:
+        async def get(s3: Any) -> bytes:
+            response = await s3.get_object(Bucket=self.bucket, Key=key)
+            async with response["Body"] as body:
+                return await body.read()
+
+        return await self._call(f"get {self._where(key)}", get)
+
+    @contextlib.asynccontextmanager
+    async def _open_range(self, key: str, first: int, last: int) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        where = self._where(key)
+        try:
+            response = await self._call(
+                f"get {where} bytes {first}-{last}",
+                lambda s3: s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}"),
+            )
+        except RemoteStorageError as e:
+            if not _is_invalid_range(e):
+                raise
+            # The object is shorter than the range starts: report its real size and no
+            # bytes, so the caller's size check names the problem.
+            size = await self._object_size(key)
+            if size is None:
+                raise RemoteResourceNotFound(f"{where} not found") from e
+            yield size, _no_chunks()
+            return
+        body = response["Body"]
+        try:
+            yield _object_size_of(response, where), self._body_chunks(body, where)
+        finally:
+            body.close()
+
+    async def _body_chunks(self, body: Any, where: str) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                chunk = await body.read(self.chunk_bytes)
+            except Exception as e:  # noqa: BLE001 - storage_error re-raises what is not ours
+                raise storage_error(e, f"reading {where}") from e
+            if not chunk:
+                return
+            yield chunk
+
+    async def _object_size(self, key: str) -> int | None:
+        try:
+            response = await self._call(
+                f"head {self._where(key)}", lambda s3: s3.head_object(Bucket=self.bucket, Key=key)
+            )
+        except RemoteResourceNotFound:
+            return None
+        return int(response["ContentLength"])
+
+    async def _delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start : start + DELETE_BATCH]
+            what = f"delete {len(batch)} objects from s3://{self.bucket} ({batch[0]}...)"
+            response = await self._call(
+                what,
+                lambda s3, batch=batch: s3.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                ),
+            )
+            # S3 reports per-key failures in a 200 response; a missing key is not one of them.
+            failures = response.get("Errors") or []
+            if failures:
+                first = failures[0]
+                raise RemoteStorageError(
+                    f"{what}: {len(failures)} failed, first {first.get('Key')}: "
+                    f"{first.get('Code')} {first.get('Message')}",
+                    retriable=any(f.get("Code") in _THROTTLING_CODES for f in failures),
+                )
+
+    async def _list(self, key_prefix: str) -> list[str]:
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = await self._call(
+                f"list s3://{self.bucket}/{key_prefix}",
+                lambda s3, extra=extra: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
+            )
+            keys.extend(item["Key"] for item in page.get("Contents", ()))
+            if not page.get("IsTruncated"):
+                return keys
+            token = page["NextContinuationToken"]
+
+
+def _is_invalid_range(error: RemoteStorageError) -> bool:
+    cause = error.__cause__
+    return isinstance(cause, boto.ClientError) and (
+        cause.response.get("Error", {}).get("Code") == "InvalidRange"
+        or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416
+    )
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield
+
+
+def _object_size_of(response: dict[str, Any], where: str) -> int:
+    """Total object size from a ranged GET's `Content-Range: bytes a-b/total`."""
+    content_range = response.get("ContentRange") or ""
+    _, _, total = content_range.rpartition("/")
+    if not total.isdigit():
+        raise RemoteStorageError(f"{where}: no object size in Content-Range {content_range!r}", retriable=False)
+    return int(total)
+
+
+async def _read_local(path: Path) -> bytes:
+    try:
+        return await asyncio.to_thread(path.read_bytes)
+    except OSError as e:
+        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+
+
+async def _read_part(f: Any, path: Path, size: int) -> bytes:
+    try:
+        return await asyncio.to_thread(f.read, size)
+    except OSError as e:
+        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e

@@ -1,0 +1,381 @@
+"""The contract every RemoteStorageManager backend passes.
+
+A backend's test module subclasses `RemoteStorageManagerContract` as `Test...`,
+provides the `rsm` fixture, and implements the raw-object hooks the corruption
+cases use to change the store behind the manager's back.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from storage.model import (
+    IndexType,
+    LogSegmentData,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    TopicIdPartition,
+)
+from storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
+
+LARGE_SEGMENT_BYTES = 12 * (1 << 20)  # above the multipart threshold backends use in these tests
+
+
+@dataclass
+class Segment:
+    """A segment's local files, its metadata and the bytes copied for each object."""
+
+    metadata: RemoteLogSegmentMetadata
+    data: LogSegmentData
+    log: bytes
+    indexes: dict[IndexType, bytes]
+
+
+def make_segment(
+    directory: Path,
+    *,
+    log_size: int = 100_000,
+    start_offset: int = 1234,
+    with_txn_index: bool = True,
+    topic_id_partition: TopicIdPartition | None = None,
+    segment_id: RemoteLogSegmentId | None = None,
+) -> Segment:
+    """Random bytes for every file (the manager does not parse them) of the given sizes."""
+    tip = topic_id_partition or TopicIdPartition(uuid.uuid4(), "orders", 3)
+    segment_id = segment_id or RemoteLogSegmentId.generate(tip)
+    directory = directory / uuid.uuid4().hex
+    directory.mkdir(parents=True)
+    log = os.urandom(log_size)
+    indexes = {
+        IndexType.OFFSET: os.urandom(8 * 50),
+        IndexType.TIMESTAMP: os.urandom(12 * 50),
+        IndexType.PRODUCER_SNAPSHOT: os.urandom(77),
+        IndexType.LEADER_EPOCH: b"0\n2\n0 1234\n1 1300\n",
+    }
+    if with_txn_index:
+        indexes[IndexType.TRANSACTION] = os.urandom(34 * 3)
+    name = f"{start_offset:020d}"
+
+    def write(suffix: str, content: bytes) -> Path:
+        path = directory / (name + suffix)
+        path.write_bytes(content)
+        return path
+
+    data = LogSegmentData(
+        log_segment=write(".log", log),
+        offset_index=write(".index", indexes[IndexType.OFFSET]),
+        time_index=write(".timeindex", indexes[IndexType.TIMESTAMP]),
+        transaction_index=write(".txnindex", indexes[IndexType.TRANSACTION]) if with_txn_index else None,
+        producer_snapshot_index=write(".snapshot", indexes[IndexType.PRODUCER_SNAPSHOT]),
+        leader_epoch_index=indexes[IndexType.LEADER_EPOCH],
+    )
+    metadata = RemoteLogSegmentMetadata(
+        segment_id=segment_id,
+        start_offset=start_offset,
+        end_offset=start_offset + 99,
+        max_timestamp_ms=1_700_000_000_000,
+        leader_epoch=1,
+        event_timestamp_ms=1_700_000_000_500,
+        segment_leader_epochs=((0, start_offset), (1, start_offset + 66)),
+        segment_size_in_bytes=log_size,
+        txn_index_empty=not with_txn_index,
+    )
+    return Segment(metadata, data, log, indexes)
+
+
+async def read_all(
+    rsm: RemoteStorageManager, metadata: RemoteLogSegmentMetadata, start: int, end: int | None = None
+) -> bytes:
+    return b"".join([bytes(c) async for c in rsm.fetch_log_segment(metadata, start, end)])
+
+
+class RemoteStorageManagerContract(abc.ABC):
+    """Subclasses provide the `rsm` fixture and the raw-object hooks below."""
+
+    @pytest.fixture
+    def rsm(self) -> RemoteStorageManager:  # pragma: no cover - always overridden
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def raw_write(self, rsm: RemoteStorageManager, key: str, data: bytes) -> None:
+        """Overwrite an object directly in the store."""
+
+    @abc.abstractmethod
+    async def raw_delete(self, rsm: RemoteStorageManager, key: str) -> None:
+        """Delete an object directly in the store."""
+
+    @abc.abstractmethod
+    async def raw_read(self, rsm: RemoteStorageManager, key: str) -> bytes | None:
+        """An object's bytes read directly from the store, None when absent."""
+
+    def key(self, rsm: RemoteStorageManager, segment: Segment, object_type: ObjectType) -> str:
+        return segment_object_key(rsm.prefix, segment.metadata, object_type)
+
+    # -- copy and fetch ---------------------------------------------------------
+
+    async def test_copy_then_fetch_whole_segment(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await read_all(rsm, segment.metadata, 0) == segment.log
+        assert await read_all(rsm, segment.metadata, 0, len(segment.log) - 1) == segment.log
+
+    async def test_every_object_lands_under_its_key(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await self.raw_read(rsm, self.key(rsm, segment, ObjectType.LOG)) == segment.log
+        for index_type, content in segment.indexes.items():
+            assert await self.raw_read(rsm, self.key(rsm, segment, ObjectType.of_index(index_type))) == content
+        keys = await rsm.list_partition_objects(segment.metadata.topic_id_partition)
+        assert keys == sorted(self.key(rsm, segment, t) for t in ObjectType)
+
+    @pytest.mark.parametrize(
+        ("start", "end", "expected"),
+        [
+            (0, 0, slice(0, 1)),  # first byte only
+            (99_999, 99_999, slice(99_999, 100_000)),  # last byte only
+            (99_999, None, slice(99_999, 100_000)),
+            (1_000, 54_321, slice(1_000, 54_322)),  # middle, end inclusive
+            (50_000, 10_000_000, slice(50_000, 100_000)),  # end past the end: clamped
+            (0, 100_000, slice(0, 100_000)),  # end one past the last byte
+        ],
+    )
+    async def test_range_edges(
+        self, rsm: RemoteStorageManager, tmp_path: Path, start: int, end: int | None, expected: slice
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=100_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await read_all(rsm, segment.metadata, start, end) == segment.log[expected]
+
+    async def test_start_at_or_past_the_end_is_an_empty_stream(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=1000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await read_all(rsm, segment.metadata, 1000) == b""
+        assert await read_all(rsm, segment.metadata, 1000, 2000) == b""
+        assert await read_all(rsm, segment.metadata, 5000) == b""
+
+    async def test_invalid_positions_are_rejected(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=1000)
+        with pytest.raises(ValueError):
+            rsm.fetch_log_segment(segment.metadata, -1)
+        with pytest.raises(ValueError):
+            rsm.fetch_log_segment(segment.metadata, 10, 9)
+
+    async def test_fetch_index_returns_what_was_copied(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        for index_type in IndexType:
+            assert await rsm.fetch_index(segment.metadata, index_type) == segment.indexes[index_type]
+
+    async def test_missing_transaction_index_is_not_found(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, with_txn_index=False)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.fetch_index(segment.metadata, IndexType.TRANSACTION)
+        assert await rsm.fetch_index(segment.metadata, IndexType.OFFSET) == segment.indexes[IndexType.OFFSET]
+        manifest = await rsm.verify_segment(segment.metadata, check_crc=True)
+        assert ObjectType.TRANSACTION_INDEX.value not in manifest.objects
+
+    async def test_never_copied_segment_is_not_found(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        with pytest.raises(RemoteResourceNotFound):
+            await read_all(rsm, segment.metadata, 0)
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.verify_segment(segment.metadata)
+
+    # -- idempotence ------------------------------------------------------------
+
+    async def test_copy_twice_overwrites(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        first = make_segment(tmp_path, log_size=5000)
+        await rsm.copy_log_segment_data(first.metadata, first.data)
+        assert await read_all(rsm, first.metadata, 0) == first.log  # now cached
+        second = make_segment(tmp_path, log_size=7000, with_txn_index=False, segment_id=first.metadata.segment_id)
+        await rsm.copy_log_segment_data(second.metadata, second.data)
+        assert await read_all(rsm, first.metadata, 0) == second.log
+        assert await rsm.fetch_index(first.metadata, IndexType.OFFSET) == second.indexes[IndexType.OFFSET]
+        # The first copy's transaction index does not outlive the second copy.
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.fetch_index(first.metadata, IndexType.TRANSACTION)
+        assert await self.raw_read(rsm, self.key(rsm, first, ObjectType.TRANSACTION_INDEX)) is None
+        await rsm.verify_segment(first.metadata, check_crc=True)
+
+    async def test_delete_twice_then_not_found(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await rsm.fetch_index(segment.metadata, IndexType.OFFSET)  # caches the manifest
+        await rsm.delete_log_segment_data(segment.metadata)
+        await rsm.delete_log_segment_data(segment.metadata)
+        with pytest.raises(RemoteResourceNotFound):
+            await read_all(rsm, segment.metadata, 0)
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        assert await rsm.list_partition_objects(segment.metadata.topic_id_partition) == []
+
+    async def test_delete_of_a_never_copied_segment_succeeds(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        await rsm.delete_log_segment_data(make_segment(tmp_path).metadata)
+
+    async def test_delete_leaves_other_segments_alone(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 0)
+        kept = make_segment(tmp_path, topic_id_partition=tip, start_offset=0, log_size=3000)
+        gone = make_segment(tmp_path, topic_id_partition=tip, start_offset=100, log_size=3000)
+        for segment in (kept, gone):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await rsm.delete_log_segment_data(gone.metadata)
+        assert await read_all(rsm, kept.metadata, 0) == kept.log
+        assert await rsm.list_partition_objects(tip) == sorted(self.key(rsm, kept, t) for t in ObjectType)
+
+    async def test_delete_partition(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 7)
+        other = TopicIdPartition(tip.topic_id, "orders", 8)
+        segments = [
+            make_segment(tmp_path, topic_id_partition=tip, start_offset=o, log_size=2000) for o in (0, 100, 200)
+        ]
+        survivor = make_segment(tmp_path, topic_id_partition=other, start_offset=0, log_size=2000)
+        for segment in [*segments, survivor]:
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert len(await rsm.list_partition_objects(tip)) == 3 * len(ObjectType)
+        await rsm.delete_partition(tip)
+        await rsm.delete_partition(tip)
+        assert await rsm.list_partition_objects(tip) == []
+        for segment in segments:
+            with pytest.raises(RemoteResourceNotFound):
+                await read_all(rsm, segment.metadata, 0)
+        assert await read_all(rsm, survivor.metadata, 0) == survivor.log
+
+    # -- size -------------------------------------------------------------------
+
+    async def test_segment_above_the_multipart_threshold(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        chunks = [bytes(c) async for c in rsm.fetch_log_segment(segment.metadata, 0)]
+        assert b"".join(chunks) == segment.log
+        # Streamed in chunks, never as one piece.
+        assert len(chunks) > 1
+        assert max(map(len, chunks)) <= rsm.chunk_bytes
+        middle = await read_all(rsm, segment.metadata, 5_000_000, 7_654_321)
+        assert middle == segment.log[5_000_000:7_654_322]
+        manifest = await rsm.verify_segment(segment.metadata, check_crc=True)
+        assert manifest.objects[ObjectType.LOG.value].size == LARGE_SEGMENT_BYTES
+
+    async def test_concurrent_ranged_reads(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=400_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        ranges = [(i * 19_001, i * 19_001 + 25_000 + i) for i in range(20)]
+        results = await asyncio.gather(*(read_all(rsm, segment.metadata, s, e) for s, e in ranges))
+        for (start, end), result in zip(ranges, results):
+            assert result == segment.log[start : end + 1]
+
+    async def test_a_stream_closed_early_releases_and_later_reads_work(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES // 4)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        for _ in range(3):
+            async with contextlib.aclosing(rsm.fetch_log_segment(segment.metadata, 0)) as stream:
+                first = await anext(stream)
+                assert bytes(first) == segment.log[: len(first)]
+        assert await read_all(rsm, segment.metadata, 10, 20) == segment.log[10:21]
+
+    # -- corruption -------------------------------------------------------------
+
+    async def test_verify_accepts_an_intact_segment(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        manifest = await rsm.verify_segment(segment.metadata, check_crc=True)
+        assert manifest.segment_id == segment.metadata.segment_id.id
+        assert manifest.start_offset == segment.metadata.start_offset
+        assert manifest.end_offset == segment.metadata.end_offset
+        assert manifest.objects[ObjectType.LOG.value].size == len(segment.log)
+
+    async def test_overwritten_index_is_corrupt(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await rsm.fetch_index(segment.metadata, IndexType.OFFSET)  # manifest now cached
+        key = self.key(rsm, segment, ObjectType.OFFSET_INDEX)
+        tampered = bytearray(segment.indexes[IndexType.OFFSET])
+        tampered[3] ^= 0xFF  # same size, other bytes: only the CRC can tell
+        await self.raw_write(rsm, key, bytes(tampered))
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        await rsm.verify_segment(segment.metadata)  # sizes alone agree
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.verify_segment(segment.metadata, check_crc=True)
+        # The other indexes are still served.
+        assert await rsm.fetch_index(segment.metadata, IndexType.TIMESTAMP) == segment.indexes[IndexType.TIMESTAMP]
+
+    async def test_truncated_log_is_corrupt(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=50_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert await read_all(rsm, segment.metadata, 0, 9) == segment.log[:10]  # manifest now cached
+        key = self.key(rsm, segment, ObjectType.LOG)
+        await self.raw_write(rsm, key, segment.log[:30_000])
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.verify_segment(segment.metadata)
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await read_all(rsm, segment.metadata, 0, 9)
+        # A range that starts past the shortened object.
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await read_all(rsm, segment.metadata, 40_000, 40_100)
+
+    async def test_flipped_log_byte_is_found_by_crc_only(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=50_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.LOG)
+        tampered = bytearray(segment.log)
+        tampered[40_000] ^= 0x01
+        await self.raw_write(rsm, key, bytes(tampered))
+        await rsm.verify_segment(segment.metadata)
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.verify_segment(segment.metadata, check_crc=True)
+
+    async def test_missing_object_is_corrupt(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.TIME_INDEX)
+        await self.raw_delete(rsm, key)
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.verify_segment(segment.metadata)
+
+    async def test_copy_without_manifest_is_refused(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await self.raw_delete(rsm, self.key(rsm, segment, ObjectType.MANIFEST))
+        # verify_segment reads the store, not the manifest cached by the copy.
+        with pytest.raises(CorruptRemoteSegment, match="incomplete"):
+            await rsm.verify_segment(segment.metadata)
+        with pytest.raises(CorruptRemoteSegment, match="incomplete"):
+            await read_all(rsm, segment.metadata, 0)
+        with pytest.raises(CorruptRemoteSegment, match="incomplete"):
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        # A retried copy completes it.
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await rsm.verify_segment(segment.metadata, check_crc=True)
+
+    async def test_garbled_manifest_is_corrupt(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.MANIFEST)
+        await self.raw_write(rsm, key, b'{"version": 1, "objects": ')
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await rsm.verify_segment(segment.metadata)
+
+    async def test_context_manager_closes(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=100)
+        async with rsm as manager:
+            assert manager is rsm
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+            assert await read_all(rsm, segment.metadata, 0) == segment.log

@@ -1,0 +1,104 @@
+"""The local filesystem backend against the RemoteStorageManager contract."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from storage.errors import RemoteStorageError
+from storage.model import IndexType
+from storage.local import LocalRemoteStorageManager
+from storage.rsm import ObjectType, RemoteStorageManager
+
+from .rsm_contract import RemoteStorageManagerContract, make_segment, read_all
+
+
+class TestLocalRemoteStorageManager(RemoteStorageManagerContract):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def rsm(self, tmp_path: Path) -> AsyncIterator[LocalRemoteStorageManager]:
+        # Small chunks so a 12 MiB segment is read in many pieces, as S3 reads it in parts.
+        async with LocalRemoteStorageManager(tmp_path / "remote", prefix="tiered", chunk_bytes=64 * 1024) as rsm:
+            yield rsm
+
+    async def raw_write(self, rsm: RemoteStorageManager, key: str, data: bytes) -> None:
+        assert isinstance(rsm, LocalRemoteStorageManager)
+        rsm.path_of(key).write_bytes(data)
+
+    async def raw_delete(self, rsm: RemoteStorageManager, key: str) -> None:
+        assert isinstance(rsm, LocalRemoteStorageManager)
+        rsm.path_of(key).unlink()
+
+    async def raw_read(self, rsm: RemoteStorageManager, key: str) -> bytes | None:
+        assert isinstance(rsm, LocalRemoteStorageManager)
+        path = rsm.path_of(key)
+        return path.read_bytes() if path.exists() else None
+
+
+async def test_objects_are_files_under_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "remote"
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    async with LocalRemoteStorageManager(root) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        log_key = rsm._key(segment.metadata, ObjectType.LOG)
+    assert (root / log_key).read_bytes() == segment.log
+    # Written to a temp name and renamed: no temp file is left behind.
+    assert not [p for p in root.rglob("*") if p.name.startswith(".")]
+
+
+async def test_delete_partition_removes_its_directories(tmp_path: Path) -> None:
+    root = tmp_path / "remote"
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    async with LocalRemoteStorageManager(root, prefix="p") as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await rsm.delete_partition(segment.metadata.topic_id_partition)
+    assert root.is_dir()
+    assert list(root.rglob("*")) == []
+
+
+async def test_leftover_temp_file_is_removed_with_the_partition(tmp_path: Path) -> None:
+    # A crash between writing a temp file and renaming it leaves the temp file.
+    root = tmp_path / "remote"
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    async with LocalRemoteStorageManager(root) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        log_path = rsm.path_of(rsm._key(segment.metadata, ObjectType.LOG))
+        (log_path.parent / f".{log_path.name}.dead.tmp").write_bytes(b"half")
+        tip = segment.metadata.topic_id_partition
+        assert len(await rsm.list_partition_objects(tip)) == len(ObjectType) + 1
+        await rsm.delete_partition(tip)
+        assert await rsm.list_partition_objects(tip) == []
+
+
+async def test_missing_local_source_file_is_not_a_missing_remote_object(tmp_path: Path) -> None:
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    segment.data.offset_index.unlink()
+    async with LocalRemoteStorageManager(tmp_path / "remote") as rsm:
+        with pytest.raises(RemoteStorageError) as raised:
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    assert type(raised.value) is RemoteStorageError
+    assert not raised.value.retriable
+    assert str(segment.data.offset_index) in str(raised.value)
+
+
+async def test_os_errors_become_storage_errors(tmp_path: Path) -> None:
+    root = tmp_path / "remote"
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    async with LocalRemoteStorageManager(root) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        # A directory where the offset index should be: reading it fails with EISDIR.
+        path = rsm.path_of(rsm._key(segment.metadata, ObjectType.OFFSET_INDEX))
+        path.unlink()
+        path.mkdir()
+        with pytest.raises(RemoteStorageError) as raised:
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+    assert type(raised.value) is RemoteStorageError
+    assert not raised.value.retriable
+    assert isinstance(raised.value.__cause__, IsADirectoryError)
+
+
+async def test_chunk_size_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        LocalRemoteStorageManager(tmp_path, chunk_bytes=0)

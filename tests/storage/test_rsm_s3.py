@@ -1,0 +1,265 @@
+"""The S3 backend against the contract, on moto's S3 server over HTTP (testbed's `s3_server`)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
+
+import storage.s3
+from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
+from storage.model import IndexType
+from storage.rsm import ObjectType, RemoteStorageManager
+from storage.s3 import MIB, S3RemoteStorageManager, retry_backoff_ms, storage_error
+from testbed.ports import LOOPBACK, free_port
+from testbed.s3 import S3Server
+
+from .rsm_contract import LARGE_SEGMENT_BYTES, RemoteStorageManagerContract, make_segment, read_all
+
+# 12 MiB segments go up in three parts: 5 + 5 + 2 MiB.
+PART_BYTES = 5 * MIB
+THRESHOLD_BYTES = 6 * MIB
+
+
+def manager(
+    server: S3Server, *, endpoint_url: str | None = None, bucket: str | None = None, **options: object
+) -> S3RemoteStorageManager:
+    """A manager with its own key prefix, small parts and tiny backoffs."""
+    settings = dict(
+        multipart_threshold_bytes=THRESHOLD_BYTES,
+        multipart_part_bytes=PART_BYTES,
+        chunk_bytes=256 * 1024,
+        max_connections=8,
+        retry_backoff_ms=10,
+        retry_backoff_max_ms=50,
+        max_attempts=3,
+        request_timeout_ms=5000,
+    )
+    settings.update(options)
+    return S3RemoteStorageManager(
+        bucket or server.bucket,
+        prefix=f"t-{uuid.uuid4().hex[:8]}/tiered",
+        endpoint_url=endpoint_url or server.endpoint_url,
+        region=server.region,
+        access_key_id=server.access_key,
+        secret_access_key=server.secret_key,
+        **settings,
+    )
+
+
+class TestS3RemoteStorageManager(RemoteStorageManagerContract):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def rsm(self, s3_server: S3Server) -> AsyncIterator[S3RemoteStorageManager]:
+        self.server = s3_server
+        async with manager(s3_server) as rsm:
+            yield rsm
+
+    async def raw_write(self, rsm: RemoteStorageManager, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self.server.client().put_object, Bucket=self.server.bucket, Key=key, Body=data)
+
+    async def raw_delete(self, rsm: RemoteStorageManager, key: str) -> None:
+        await asyncio.to_thread(self.server.client().delete_object, Bucket=self.server.bucket, Key=key)
+
+    async def raw_read(self, rsm: RemoteStorageManager, key: str) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                return self.server.client().get_object(Bucket=self.server.bucket, Key=key)["Body"].read()
+            except ClientError as e:
+                if e.response["Error"]["Code"] == "NoSuchKey":
+                    return None
+                raise
+
+        return await asyncio.to_thread(read)
+
+
+async def test_large_segment_goes_up_in_parts(s3_server: S3Server, tmp_path: Path) -> None:
+    segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
+    async with manager(s3_server) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = rsm._key(segment.metadata, ObjectType.LOG)
+        small_key = rsm._key(segment.metadata, ObjectType.OFFSET_INDEX)
+    client = s3_server.client()
+    # S3 marks a multipart object's ETag with its part count.
+    assert client.head_object(Bucket=s3_server.bucket, Key=key)["ETag"].strip('"').endswith("-3")
+    assert "-" not in client.head_object(Bucket=s3_server.bucket, Key=small_key)["ETag"]
+
+
+async def test_failed_multipart_upload_is_aborted(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
+    real_read_part = storage.s3._read_part
+    parts_read = 0
+
+    async def failing_read_part(f, path, size):  # the local disk fails after the first part
+        nonlocal parts_read
+        parts_read += 1
+        if parts_read == 2:
+            raise RemoteStorageError(f"cannot read local file {path}: I/O error", retriable=False)
+        return await real_read_part(f, path, size)
+
+    monkeypatch.setattr(storage.s3, "_read_part", failing_read_part)
+    async with manager(s3_server) as rsm:
+        with pytest.raises(RemoteStorageError, match="I/O error"):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = rsm._key(segment.metadata, ObjectType.LOG)
+        # The indexes went up beside the failed log, the manifest never did.
+        with pytest.raises(CorruptRemoteSegment, match="incomplete"):
+            await rsm.verify_segment(segment.metadata)
+        assert await rsm._object_size(key) is None
+    uploads = s3_server.client().list_multipart_uploads(Bucket=s3_server.bucket, Prefix=key)
+    assert parts_read == 2
+    assert uploads.get("Uploads", []) == []
+
+
+async def test_unreachable_store_fails_retriably_after_the_configured_attempts(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    segment = make_segment(tmp_path, log_size=1000)
+    dead_endpoint = f"http://{LOOPBACK}:{free_port()}"  # nothing listens there: S3 is down
+    async with manager(s3_server, endpoint_url=dead_endpoint, max_attempts=3) as rsm:
+        with pytest.raises(RemoteStorageError) as raised:
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+    assert raised.value.retriable
+    assert type(raised.value) is RemoteStorageError
+    assert "attempt 3 of 3" in str(raised.value)
+    assert isinstance(raised.value.__cause__, EndpointConnectionError)
+
+
+class _Relay:
+    """A loopback TCP relay to the S3 server that can be switched on later: S3 coming back."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, LOOPBACK, self.port)
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        server_reader, server_writer = await asyncio.open_connection(LOOPBACK, self.target_port)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_retriable_failure_then_recovery_succeeds(s3_server: S3Server, tmp_path: Path) -> None:
+    segment = make_segment(tmp_path, log_size=50_000)
+    relay = _Relay(s3_server.port)
+    async with manager(
+        s3_server,
+        endpoint_url=f"http://{LOOPBACK}:{relay.port}",
+        max_attempts=50,
+        retry_backoff_ms=20,
+        retry_backoff_max_ms=100,
+    ) as rsm:
+        copy = asyncio.create_task(rsm.copy_log_segment_data(segment.metadata, segment.data))
+        await asyncio.sleep(0.3)  # several attempts fail: connection refused
+        assert not copy.done()
+        await relay.start()
+        try:
+            await asyncio.wait_for(copy, timeout=30)
+            assert relay.connections > 0
+            assert await read_all(rsm, segment.metadata, 0) == segment.log
+        finally:
+            await rsm.close()
+            await relay.stop()
+
+
+async def test_missing_bucket_is_not_retriable(s3_server: S3Server, tmp_path: Path) -> None:
+    segment = make_segment(tmp_path, log_size=1000)
+    async with manager(s3_server, bucket=f"missing-{uuid.uuid4().hex[:8]}", max_attempts=5) as rsm:
+        with pytest.raises(RemoteStorageError) as raised:
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    assert not raised.value.retriable
+    assert not isinstance(raised.value, RemoteResourceNotFound)
+    assert "NoSuchBucket" in str(raised.value)
+    assert "attempt 1 of 5" in str(raised.value)
+
+
+async def test_closed_manager_refuses_calls(s3_server: S3Server, tmp_path: Path) -> None:
+    rsm = manager(s3_server)
+    await rsm.close()
+    with pytest.raises(RemoteStorageError) as raised:
+        await rsm.list_partition_objects(make_segment(tmp_path, log_size=10).metadata.topic_id_partition)
+    assert not raised.value.retriable
+
+
+def test_part_size_below_the_s3_minimum_is_rejected() -> None:
+    with pytest.raises(ValueError, match="multipart_part_bytes"):
+        S3RemoteStorageManager("b", multipart_part_bytes=5 * MIB - 1)
+
+
+def test_backoff_doubles_up_to_the_maximum() -> None:
+    no_jitter = [retry_backoff_ms(a, 500, 30_000, 0.0) for a in range(9)]
+    assert no_jitter == [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+    assert retry_backoff_ms(10_000, 500, 30_000, 0.0) == 30_000  # no overflow on long outages
+
+
+def test_backoff_jitter_stays_within_its_band() -> None:
+    low = [retry_backoff_ms(a, 500, 30_000, 0.2, uniform=lambda lo, hi: lo) for a in range(4)]
+    high = [retry_backoff_ms(a, 500, 30_000, 0.2, uniform=lambda lo, hi: hi) for a in range(4)]
+    assert low == pytest.approx([400, 800, 1600, 3200])
+    assert high == pytest.approx([600, 1200, 2400, 4800])
+    assert retry_backoff_ms(7, 500, 30_000, 0.2, uniform=lambda lo, hi: hi) == 30_000  # capped after jitter
+    delays = {retry_backoff_ms(2, 500, 30_000, 0.2) for _ in range(50)}
+    assert all(1600 <= d <= 2400 for d in delays) and len(delays) > 1
+
+
+def _client_error(status: int, code: str) -> ClientError:
+    response = {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(response, "GetObject")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "retriable"),
+    [
+        (_client_error(404, "NoSuchKey"), RemoteResourceNotFound, False),
+        (_client_error(404, "404"), RemoteResourceNotFound, False),
+        (_client_error(404, "NoSuchBucket"), RemoteStorageError, False),
+        (_client_error(403, "AccessDenied"), RemoteStorageError, False),
+        (_client_error(400, "InvalidArgument"), RemoteStorageError, False),
+        (_client_error(503, "SlowDown"), RemoteStorageError, True),
+        (_client_error(500, "InternalError"), RemoteStorageError, True),
+        (_client_error(429, "TooManyRequests"), RemoteStorageError, True),
+        (_client_error(400, "RequestTimeout"), RemoteStorageError, True),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), RemoteStorageError, True),
+        (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), RemoteStorageError, True),
+        (asyncio.TimeoutError(), RemoteStorageError, True),
+        (ConnectionResetError(), RemoteStorageError, True),
+        (NoCredentialsError(), RemoteStorageError, False),
+    ],
+)
+def test_error_classification(error: BaseException, kind: type, retriable: bool) -> None:
+    mapped = storage_error(error, "get s3://b/k")
+    assert type(mapped) is kind
+    assert mapped.retriable is retriable
+    assert "s3://b/k" in str(mapped)
+
+
+def test_programming_errors_are_not_disguised() -> None:
+    with pytest.raises(KeyError):
+        storage_error(KeyError("x"), "get s3://b/k")
+
