@@ -1,0 +1,143 @@
+"""RemoteLogMetadataManager: where the remote log's segment metadata lives (KIP-405).
+
+Two backends share one in-memory cache (`cache.py`) and one record format (`serde.py`):
+
+- `file_store.FileRemoteLogMetadataManager(directory)`: one local append-only file; the
+  embedded default.
+- `topic_store.TopicRemoteLogMetadataManager(bootstrap_servers, directory=...)`: the
+  `__remote_log_metadata` topic, materialized per user partition into local flat files.
+
+Writes are async and return once the record is durable in the backend and visible to
+this manager's own reads. Reads are synchronous lookups in memory; they raise
+MetadataNotReady while the partition's metadata is still loading (Kafka answers
+REPLICA_NOT_AVAILABLE then).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+
+from ..errors import MetadataNotReady
+from ..model import (
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from .cache import DuplicateSegment, EpochChain, RemoteLogMetadataCache, UnknownSegment, is_segment_within_lineage
+from .serde import MetadataDecodeError, RemoteLogMetadata, RemoteLogTruncation
+
+__all__ = [
+    "DuplicateSegment",
+    "EpochChain",
+    "MetadataDecodeError",
+    "RemoteLogMetadataManager",
+    "RemoteLogTruncation",
+    "UnknownSegment",
+    "is_segment_within_lineage",
+]
+
+
+class RemoteLogMetadataManager(abc.ABC):
+    """Kafka's `RemoteLogMetadataManager`, asyncio flavoured.
+
+    A backend implements `_publish` (make one checked record durable, then visible in
+    `self._cache`), `_is_ready`, `start`, `wait_until_ready` and `close`; the rules and the
+    lookups are shared here.
+    """
+
+    def __init__(self) -> None:
+        self._cache = RemoteLogMetadataCache()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Loads what the backend holds; reads work once the partition is ready."""
+
+    @abc.abstractmethod
+    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        """Returns once `tp`'s metadata is loaded; raises MetadataNotReady after `timeout` seconds."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> RemoteLogMetadataManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ writes
+
+    @abc.abstractmethod
+    async def _publish(self, record: RemoteLogMetadata) -> None:
+        """Checks `record` against the current state (raising on a broken rule), makes it
+        durable, and returns once `self._cache` shows it."""
+
+    async def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """Adds a segment in COPY_SEGMENT_STARTED (else IllegalStateTransition); a known id is DuplicateSegment."""
+        await self._publish(metadata)
+
+    async def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
+        """Moves a segment to `update.state`: IllegalStateTransition if not allowed, UnknownSegment if unknown."""
+        await self._publish(update)
+
+    async def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None:
+        """Moves a partition's delete state (MARKED -> STARTED -> FINISHED), else IllegalStateTransition."""
+        await self._publish(metadata)
+
+    async def record_truncation(
+        self, tp: TopicIdPartition, offset: int, *, leader_epoch: int, event_timestamp_ms: int | None = None
+    ) -> None:
+        """The partition's remote log diverged from the leader's lineage at `offset` (an unclean
+        election): segments ending below it are kept, those starting at or above it go to
+        DELETE_SEGMENT_STARTED, one straddling it is served only below it."""
+        if event_timestamp_ms is None:
+            event_timestamp_ms = int(time.time() * 1000)
+        await self._publish(RemoteLogTruncation(tp, offset, leader_epoch, event_timestamp_ms))
+
+    # ------------------------------------------------------------------ reads
+
+    @abc.abstractmethod
+    def _is_ready(self, tp: TopicIdPartition) -> bool: ...
+
+    def _ready_cache(self, tp: TopicIdPartition) -> RemoteLogMetadataCache:
+        if not self._is_ready(tp):
+            raise MetadataNotReady(f"remote log metadata of {tp} is not loaded yet")
+        return self._cache
+
+    def segment_for(
+        self, tp: TopicIdPartition, offset: int, leader_epoch: int, epoch_chain: EpochChain | None = None
+    ) -> RemoteLogSegmentMetadata | None:
+        """Kafka's `remoteLogSegmentMetadata(tp, epoch, offset)`: the COPY_SEGMENT_FINISHED segment
+        holding `offset` in `leader_epoch`; with `epoch_chain`, only one within that lineage."""
+        return self._ready_cache(tp).segment_for(tp, offset, leader_epoch, epoch_chain)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
+        return self._ready_cache(tp).highest_offset_for_epoch(tp, leader_epoch)
+
+    def list_segments(self, tp: TopicIdPartition, leader_epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+        """Segments in any state but DELETE_SEGMENT_FINISHED (of `leader_epoch` if given), by start offset."""
+        return self._ready_cache(tp).list_segments(tp, leader_epoch)
+
+    def segments_in_lineage(
+        self, tp: TopicIdPartition, epoch_chain: EpochChain, log_end_offset: int | None = None
+    ) -> list[RemoteLogSegmentMetadata]:
+        return self._ready_cache(tp).segments_in_lineage(tp, epoch_chain, log_end_offset)
+
+    def partition_delete_state(self, tp: TopicIdPartition) -> RemotePartitionDeleteState | None:
+        return self._ready_cache(tp).partition_delete_state(tp)
+
+    def log_start_offset(self, tp: TopicIdPartition) -> int | None:
+        return self._ready_cache(tp).log_start_offset(tp)
+
+    def log_end_offset(self, tp: TopicIdPartition) -> int | None:
+        return self._ready_cache(tp).log_end_offset(tp)
+
+    def partitions(self) -> list[TopicIdPartition]:
+        """User partitions with any remote log metadata loaded so far."""
+        return self._cache.partitions()

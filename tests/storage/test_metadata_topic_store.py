@@ -1,0 +1,165 @@
+"""TopicRemoteLogMetadataManager against the real broker from testbed/."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from storage.errors import IllegalStateTransition, RemoteLogMetadataError
+from storage.metadata.topic_store import (
+    COMMITTED_OFFSETS_FILE,
+    TopicRemoteLogMetadataManager,
+    decode_flat_file,
+    encode_flat_file,
+    flat_file_name,
+    metadata_partition,
+)
+from storage.model import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+
+S = RemoteLogSegmentState
+
+
+def segment(tp, start, end, epoch=0):
+    return RemoteLogSegmentMetadata(
+        segment_id=RemoteLogSegmentId(tp, uuid.uuid4()), start_offset=start, end_offset=end, max_timestamp_ms=1,
+        leader_epoch=epoch, event_timestamp_ms=2, segment_leader_epochs=((epoch, start),), segment_size_in_bytes=10)
+
+
+def state_of(rlmm, tps):
+    return {tp: (rlmm.list_segments(tp), rlmm.partition_delete_state(tp), rlmm.log_end_offset(tp)) for tp in tps}
+
+
+# Values computed by Kafka 4.3.1's RemoteLogMetadataTopicPartitioner (jshell).
+@pytest.mark.parametrize("topic_id, partition, in_50, in_7", [
+    ("01234567-89ab-cdef-0fed-cba987654321", 0, 11, 0),
+    ("11234567-89ab-cdf0-0fed-cba987654320", 13, 22, 2),
+    ("21234567-89ab-cdf1-0fed-cba98765431f", 26, 49, 3),
+    ("31234567-89ab-cdf2-0fed-cba98765431e", 39, 24, 3),
+])
+def test_metadata_partition_is_kafkas(topic_id, partition, in_50, in_7):
+    tp = TopicIdPartition(uuid.UUID(topic_id), "t", partition)
+    assert metadata_partition(tp, 50) == in_50
+    assert metadata_partition(tp, 7) == in_7
+
+
+def test_flat_file_round_trip():
+    tp = TopicIdPartition(uuid.uuid4(), "a-b-c", 12)
+    entries = [segment(tp, 0, 9), RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 3, 4)]
+    data = encode_flat_file(tp, 1234, entries)
+    assert data[0] == 0 and data[1:17] == tp.topic_id.bytes and int.from_bytes(data[17:25], "big") == 1234
+    assert decode_flat_file(data) == (tp.topic_id, 1234, entries)
+    assert flat_file_name(tp) == f"a-b-c-12-{tp.topic_id.hex}.metadata"
+
+
+@pytest.fixture
+def metadata_topic(kafka_cluster):
+    name = f"rlmm-{uuid.uuid4().hex[:8]}"
+    yield name
+    try:
+        kafka_cluster.delete_topic(name)
+    except Exception:  # noqa: BLE001 - a test that never created it
+        pass
+
+
+async def until(condition, timeout=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_restart_reads_only_new_records_and_instances_converge(bootstrap_servers, metadata_topic, tmp_path):
+    tps = [TopicIdPartition(uuid.uuid4(), "orders", p) for p in range(4)]
+    kwargs = dict(topic=metadata_topic, num_partitions=3)
+    segments = [segment(tp, i * 100, i * 100 + 99) for tp in tps for i in range(3)]
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "a", **kwargs) as a:
+        for m in segments:
+            await a.add_remote_log_segment_metadata(m)
+            # Read-your-writes: the record came back through the topic before the call returned.
+            assert a.list_segments(m.topic_id_partition)[-1] == m
+            await a.update_remote_log_segment_metadata(
+                RemoteLogSegmentMetadataUpdate(m.segment_id, 3, S.COPY_SEGMENT_FINISHED, 0))
+        with pytest.raises(IllegalStateTransition):
+            await a.update_remote_log_segment_metadata(
+                RemoteLogSegmentMetadataUpdate(segments[0].segment_id, 3, S.DELETE_SEGMENT_FINISHED, 0))
+        await a.put_partition_delete(
+            RemotePartitionDeleteMetadata(tps[0], RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 5, 0))
+        await a.record_truncation(tps[1], 150, leader_epoch=1)
+        written = 2 * len(segments) + 2
+        assert a.records_fetched == written
+        expected = state_of(a, tps)
+        assert a.segment_for(tps[1], 120, 0).end_offset == 149
+    assert (tmp_path / "a" / COMMITTED_OFFSETS_FILE).exists()
+    assert len(list((tmp_path / "a").glob("*.metadata"))) == len(tps)
+
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "a", **kwargs) as a2, \
+            TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "b", **kwargs) as b:
+        for tp in tps:
+            await a2.wait_until_ready(tp, timeout=20)
+            await b.wait_until_ready(tp, timeout=20)
+        assert a2.records_fetched == 0  # everything came from its flat files
+        assert b.records_fetched == written  # a fresh directory reads the whole topic
+        assert state_of(a2, tps) == expected
+        assert state_of(b, tps) == expected
+
+        extra = segment(tps[2], 300, 399)
+        await b.add_remote_log_segment_metadata(extra)
+        await until(lambda: a2.list_segments(tps[2])[-1:] == [extra])
+        assert a2.records_fetched == 1
+        await a2.update_remote_log_segment_metadata(
+            RemoteLogSegmentMetadataUpdate(extra.segment_id, 4, S.COPY_SEGMENT_FINISHED, 0))
+        await until(lambda: b.segment_for(tps[2], 350, 0) is not None)
+        assert state_of(a2, tps) == state_of(b, tps)
+        assert a2.log_end_offset(tps[2]) == 399
+
+
+async def test_a_write_that_loses_a_race_is_reported(bootstrap_servers, metadata_topic, tmp_path):
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    kwargs = dict(topic=metadata_topic, num_partitions=1)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "a", **kwargs) as a, \
+            TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "b", **kwargs) as b:
+        m = segment(tp, 0, 9)
+        await a.add_remote_log_segment_metadata(m)
+        await until(lambda: b.list_segments(tp) == [m])
+        delete_a = RemoteLogSegmentMetadataUpdate(m.segment_id, 3, S.DELETE_SEGMENT_STARTED, 0)
+        delete_b = RemoteLogSegmentMetadataUpdate(m.segment_id, 4, S.DELETE_SEGMENT_STARTED, 1)
+        # Both may pass their local check; the topic orders them and the second one is refused
+        # (by the local check, or when read back: the record was dropped by every reader).
+        results = await asyncio.gather(a.update_remote_log_segment_metadata(delete_a),
+                                       b.update_remote_log_segment_metadata(delete_b), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1 and isinstance(errors[0], RemoteLogMetadataError), results
+        await until(lambda: a.list_segments(tp) == b.list_segments(tp))
+        assert a.list_segments(tp)[0].state == S.DELETE_SEGMENT_STARTED
+
+
+async def test_topic_is_created_like_kafkas(bootstrap_servers, metadata_topic, tmp_path):
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path, topic=metadata_topic):
+        pass
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        [described] = await admin.describe_topics([metadata_topic])
+        assert len(described["partitions"]) == 50
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, metadata_topic)])
+        configs = {c[0]: c[1] for c in response.resources[0][4]}
+        assert configs["retention.ms"] == "-1"
+        assert configs["cleanup.policy"] == "delete"
+    finally:
+        await admin.close()
+    # The partitioner depends on the count: another count is refused.
+    with pytest.raises(RemoteLogMetadataError, match="50 partitions"):
+        await TopicRemoteLogMetadataManager(
+            bootstrap_servers, directory=tmp_path / "x", topic=metadata_topic, num_partitions=3).start()
