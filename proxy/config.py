@@ -1,0 +1,445 @@
+"""tierproxy's configuration: one Kafka-style `.properties` file for the proxy and the
+pipeline, every key declared once here with its type, default, valid values and doc.
+
+Keys follow KIP-405 and Kafka's broker names. Per-topic settings of tiered topics use
+Kafka's topic-level names under `topic.<name>.` (`topic.orders.local.retention.ms=...`);
+a topic without an override takes the broker-style default (`log.local.retention.ms`).
+An unknown key, a bad value or a missing required key stops start-up with a message
+that names the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import javaproperties
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names the key."""
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "(required)"
+
+
+REQUIRED: Any = _Required()
+
+
+# --- validators: each raises ValueError with what is allowed, and describes itself ---
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float | None = None
+    high: float | None = None
+
+    def __call__(self, value: Any) -> None:
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise ValueError(f"must be {self}")
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f">= {self.low:g}"
+        if self.low is None:
+            return f"<= {self.high:g}"
+        return f"in [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    values: tuple[Any, ...]
+
+    def __call__(self, value: Any) -> None:
+        if value not in self.values:
+            raise ValueError(f"must be one of {self}")
+
+    def __str__(self) -> str:
+        return ", ".join(str(v) for v in self.values)
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return lowered == "true"
+
+
+def _parse_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+_PARSERS: dict[type, Callable[[str], Any]] = {
+    int: lambda text: int(text.strip()),
+    float: lambda text: float(text.strip()),
+    str: lambda text: text.strip(),
+    bool: _parse_bool,
+    list: _parse_list,
+    Path: lambda text: Path(text.strip()).expanduser(),
+}
+_TYPE_NAMES = {int: "int", float: "double", str: "string", bool: "boolean", list: "list", Path: "path"}
+_EXPECTED = {int: "an integer", float: "a number"}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    group: str
+    validator: Callable[[Any], None] | None = None
+    # Another name accepted for the same setting, with a conversion to this key's unit.
+    alias: str | None = None
+    alias_convert: Callable[[Any], Any] | None = None
+    secret: bool = False
+
+    @property
+    def type_name(self) -> str:
+        return _TYPE_NAMES[self.type]
+
+    @property
+    def valid_values(self) -> str:
+        return str(self.validator) if self.validator is not None else ""
+
+    def parse(self, text: str, *, as_name: str | None = None) -> Any:
+        name = as_name or self.name
+        try:
+            value = _PARSERS[self.type](text)
+        except ValueError as e:
+            detail = f"must be {_EXPECTED[self.type]}" if self.type in _EXPECTED else str(e)
+            raise ConfigError(f"{name}={text!r}: {detail}") from None
+        if as_name is not None and self.alias_convert is not None:
+            value = self.alias_convert(value)
+        if self.validator is not None:
+            try:
+                self.validator(value)
+            except ValueError as e:
+                raise ConfigError(f"{name}={text!r}: {e}") from None
+        return value
+
+
+# --- the keys -------------------------------------------------------------------------
+
+_KEYS: list[ConfigKey] = []
+_TOPIC_KEYS: dict[str, ConfigKey] = {}
+
+
+def _define(name: str, type_: type, default: Any, doc: str, group: str, **kwargs: Any) -> ConfigKey:
+    key = ConfigKey(name, type_, default, doc, group, **kwargs)
+    _KEYS.append(key)
+    return key
+
+
+def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None) -> None:
+    """A Kafka topic-level setting, given as `topic.<name>.<key>`."""
+    _TOPIC_KEYS[name] = ConfigKey(name, type_, None, doc, "topic", validator)
+
+
+# Cluster
+_define("bootstrap.servers", list, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
+        "cluster")
+
+# Remote storage
+_define("remote.log.storage.backend", str, "local",
+        "Where remote segments live: `local` files (one machine) or `s3`.", "remote storage",
+        validator=OneOf(("local", "s3")))
+_define("remote.log.storage.key.prefix", str, "", "Prefix of every object key.", "remote storage")
+_define("remote.log.storage.local.dir", Path, Path("tierproxy-data/remote"),
+        "Directory of the local-file backend.", "remote storage")
+_define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
+_define("remote.log.storage.s3.endpoint.url", str, "",
+        "S3 endpoint URL; empty for AWS's own endpoints.", "remote storage")
+_define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
+_define("remote.log.storage.s3.access.key.id", str, "",
+        "S3 access key id; empty to use the default AWS credential chain.", "remote storage")
+_define("remote.log.storage.s3.secret.access.key", str, "", "S3 secret access key.", "remote storage",
+        secret=True)
+_define("remote.log.storage.s3.multipart.threshold.bytes", int, 16 * MIB,
+        "Segments larger than this are uploaded in parts.", "remote storage", validator=Range(5 * MIB))
+_define("remote.log.storage.s3.multipart.part.bytes", int, 8 * MIB,
+        "Size of one multipart part (S3's minimum is 5 MiB).", "remote storage", validator=Range(5 * MIB))
+_define("remote.log.storage.s3.max.connections", int, 32, "Connection pool size to S3.", "remote storage",
+        validator=Range(1))
+_define("remote.log.storage.s3.request.timeout.ms", int, 30_000, "Timeout of one S3 request.",
+        "remote storage", validator=Range(1))
+_define("remote.log.storage.s3.max.attempts", int, 5, "Attempts of one S3 request before it fails.",
+        "remote storage", validator=Range(1))
+
+# Remote log metadata
+_define("remote.log.metadata.backend", str, "file",
+        "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata.",
+        "remote log metadata", validator=OneOf(("file", "topic")))
+_define("remote.log.metadata.dir", Path, Path("tierproxy-data/metadata"),
+        "Directory of the file backend, and of the topic backend's materialized flat files.",
+        "remote log metadata")
+_define("remote.log.metadata.topic.num.partitions", int, 50,
+        "Partitions of __remote_log_metadata when it is created.", "remote log metadata", validator=Range(1))
+_define("remote.log.metadata.topic.replication.factor", int, -1,
+        "Replication of __remote_log_metadata when it is created; -1 for min(3, brokers).",
+        "remote log metadata", validator=Range(-1, 32767))
+
+# Remote log manager (the pipeline's loop)
+_define("remote.log.manager.task.interval.ms", int, 30_000,
+        "Interval between tiering passes of `tierproxy tier --every`.", "remote log manager",
+        validator=Range(1))
+_define("remote.log.manager.task.retry.backoff.ms", int, 500, "First retry backoff of a remote operation.",
+        "remote log manager", validator=Range(0))
+_define("remote.log.manager.task.retry.backoff.max.ms", int, 30_000, "Largest retry backoff.",
+        "remote log manager", validator=Range(0))
+_define("remote.log.manager.task.retry.jitter", float, 0.2, "Random jitter of a retry backoff.",
+        "remote log manager", validator=Range(0, 1))
+_define("remote.partition.remover.task.interval.ms", int, 3_600_000,
+        "Interval between checks for deleted topics whose remote data must be removed.",
+        "remote log manager", validator=Range(1))
+_define("log.index.interval.bytes", int, 4096, "Bytes of log between two offset-index entries.",
+        "remote log manager", validator=Range(0))
+
+# Defaults of tiered topics (Kafka's broker names; `topic.<name>.<key>` overrides)
+_define("log.local.retention.ms", int, -2,
+        "Local retention of tiered topics; -2 means retention.ms.", "topic defaults", validator=Range(-2))
+_define("log.local.retention.bytes", int, -2,
+        "Local retention bytes of tiered topics; -2 means retention.bytes.", "topic defaults",
+        validator=Range(-2))
+_define("log.retention.ms", int, 604_800_000, "Remote retention of tiered topics; -1 keeps forever.",
+        "topic defaults", validator=Range(-1))
+_define("log.retention.bytes", int, -1, "Remote retention bytes per partition; -1 for no limit.",
+        "topic defaults", validator=Range(-1))
+_define("log.segment.bytes", int, GIB, "Size of a remote segment cut by the pipeline.", "topic defaults",
+        validator=Range(1))
+_define("log.roll.ms", int, 604_800_000,
+        "A remote segment is also cut when its first batch is older than this.", "topic defaults",
+        validator=Range(1))
+
+_topic_key("remote.storage.enable", bool, "Tier this topic.")
+_topic_key("local.retention.ms", int, "Local retention; -2 means retention.ms.", Range(-2))
+_topic_key("local.retention.bytes", int, "Local retention bytes; -2 means retention.bytes.", Range(-2))
+_topic_key("retention.ms", int, "Remote retention; -1 keeps forever.", Range(-1))
+_topic_key("retention.bytes", int, "Remote retention bytes; -1 for no limit.", Range(-1))
+_topic_key("segment.bytes", int, "Size of a remote segment.", Range(1))
+_topic_key("segment.ms", int, "Age at which a remote segment is cut.", Range(1))
+
+# Topic-level name -> the default key it falls back to.
+_TOPIC_DEFAULTS = {
+    "local.retention.ms": "log.local.retention.ms",
+    "local.retention.bytes": "log.local.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+}
+
+# Pipeline
+_define("spark.master", str, "local[*]", "Spark master of the tiering pipeline (local[*], spark://, yarn, k8s://).",
+        "pipeline")
+_define("spark.app.name", str, "tierproxy-tier", "Spark application name.", "pipeline")
+
+# Proxy
+_define("proxy.listener.host", str, "127.0.0.1", "Address the proxy listens on.", "proxy")
+_define("proxy.advertised.host", str, "",
+        "Host the proxy advertises to clients; empty for proxy.listener.host.", "proxy")
+_define("proxy.bootstrap.port", int, 9192, "Port of the proxy's bootstrap listener.", "proxy",
+        validator=Range(0, 65535))
+_define("proxy.broker.port.base", int, 9193,
+        "The listener of broker node N is this port + N.", "proxy", validator=Range(0, 65535))
+_define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
+        validator=Range(1))
+_define("remote.log.index.file.cache.total.size.bytes", int, GIB,
+        "Bytes of remote indexes cached in memory (Kafka's name; the KIP's `.size.mb` is accepted too).",
+        "proxy", validator=Range(0), alias="remote.log.index.file.cache.total.size.mb",
+        alias_convert=lambda mb: mb * MIB)
+_define("remote.log.index.cache.dir", str, "",
+        "Directory where fetched indexes are also kept, reloaded at start-up; empty for memory only.", "proxy")
+_define("remote.log.chunk.cache.size.bytes", int, 256 * MIB, "Bytes of remote segment data cached.", "proxy",
+        validator=Range(0))
+_define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
+        "proxy", validator=Range(4096))
+_define("remote.log.read.ahead.chunks", int, 2, "Chunks prefetched after a sequential read.", "proxy",
+        validator=Range(0))
+_define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
+_define("remote.log.reader.max.pending.tasks", int, 100,
+        "Remote reads waiting for a reader; beyond that a partition gets an immediate error.", "proxy",
+        validator=Range(1))
+_define("remote.fetch.max.wait.ms", int, 500,
+        "How long a fetch waits for remote data before returning empty records for it.", "proxy",
+        validator=Range(1))
+_define("tiered.storage.not.available.error.code", int, -1,
+        "Kafka error code sent when remote data cannot be read (UNKNOWN_SERVER_ERROR -1, "
+        "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
+        validator=OneOf((-1, 9, 7, 56)))
+_define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
+        validator=Range(0, 65535))
+
+KEYS: Mapping[str, ConfigKey] = {key.name: key for key in _KEYS}
+TOPIC_KEYS: Mapping[str, ConfigKey] = _TOPIC_KEYS
+_ALIASES = {key.alias: key for key in _KEYS if key.alias}
+_TOPIC_PREFIX = "topic."
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """The effective settings of one topic named in the file."""
+
+    name: str
+    remote_storage_enable: bool
+    local_retention_ms: int
+    local_retention_bytes: int
+    retention_ms: int
+    retention_bytes: int
+    segment_bytes: int
+    segment_ms: int
+
+
+@dataclass(frozen=True)
+class Config:
+    values: Mapping[str, Any]
+    topics: Mapping[str, TopicConfig] = field(default_factory=dict)
+    source: str = "<defaults>"
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    @property
+    def tiered_topics(self) -> list[TopicConfig]:
+        return [t for t in self.topics.values() if t.remote_storage_enable]
+
+    def topic(self, name: str) -> TopicConfig:
+        """Settings of any topic: its overrides, else the defaults (not tiered)."""
+        return self.topics.get(name) or _topic_config(name, {}, self.values)
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> Config:
+        return parse({**self.raw(), **overrides}, source=self.source)
+
+    def raw(self) -> dict[str, str]:
+        """Back to properties text values (round trip of `parse`)."""
+        out = {name: _format(value) for name, value in self.values.items() if value is not REQUIRED}
+        for topic in self.topics.values():
+            for key in TOPIC_KEYS:
+                out[f"{_TOPIC_PREFIX}{topic.name}.{key}"] = _format(getattr(topic, key.replace(".", "_")))
+        return out
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, Any]) -> TopicConfig:
+    settings = {"remote_storage_enable": overrides.get("remote.storage.enable", False)}
+    for key, default_key in _TOPIC_DEFAULTS.items():
+        settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
+    # Kafka's -2: local retention follows the (remote) retention.
+    if settings["local_retention_ms"] == -2:
+        settings["local_retention_ms"] = settings["retention_ms"]
+    if settings["local_retention_bytes"] == -2:
+        settings["local_retention_bytes"] = settings["retention_bytes"]
+    return TopicConfig(name=name, **settings)
+
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def _split_topic_key(name: str) -> tuple[str, str] | None:
+    """`topic.<topic>.<key>` -> (topic, key), matching the known key suffixes (topic
+    names may contain dots)."""
+    rest = name[len(_TOPIC_PREFIX):]
+    for key in sorted(TOPIC_KEYS, key=len, reverse=True):
+        if rest.endswith("." + key):
+            topic = rest[: -len(key) - 1]
+            if _TOPIC_NAME.match(topic):
+                return topic, key
+    return None
+
+
+def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Config:
+    values: dict[str, Any] = {}
+    topic_overrides: dict[str, dict[str, Any]] = {}
+    for name, text in properties.items():
+        if name in KEYS:
+            values[name] = KEYS[name].parse(text)
+        elif name in _ALIASES:
+            key = _ALIASES[name]
+            if key.name in properties:
+                raise ConfigError(f"{name} and {key.name} set the same thing; give only one")
+            values[key.name] = key.parse(text, as_name=name)
+        elif name.startswith(_TOPIC_PREFIX) and (split := _split_topic_key(name)):
+            topic, key = split
+            topic_overrides.setdefault(topic, {})[key] = TOPIC_KEYS[key].parse(text, as_name=name)
+        else:
+            raise ConfigError(f"{name}: unknown configuration key{_suggest(name)}")
+    for key in _KEYS:
+        if key.name not in values:
+            if key.default is REQUIRED:
+                raise ConfigError(f"{key.name} is required: {key.doc}")
+            values[key.name] = key.default
+    if values["remote.log.storage.backend"] == "s3" and not values["remote.log.storage.s3.bucket"]:
+        raise ConfigError("remote.log.storage.s3.bucket is required when remote.log.storage.backend=s3")
+    if values["remote.log.storage.s3.multipart.part.bytes"] > values["remote.log.storage.s3.multipart.threshold.bytes"]:
+        raise ConfigError("remote.log.storage.s3.multipart.part.bytes must not exceed "
+                          "remote.log.storage.s3.multipart.threshold.bytes")
+    if values["remote.log.manager.task.retry.backoff.max.ms"] < values["remote.log.manager.task.retry.backoff.ms"]:
+        raise ConfigError("remote.log.manager.task.retry.backoff.max.ms must be >= "
+                          "remote.log.manager.task.retry.backoff.ms")
+    topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
+    return Config(values=values, topics=topics, source=source)
+
+
+def _suggest(name: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, [*KEYS, *_ALIASES], n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """`key=value` strings from the command line."""
+    overrides = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"override {item!r} is not key=value")
+        overrides[name.strip()] = value
+    return overrides
+
+
+def load(path: str | os.PathLike[str] | None, overrides: Iterable[str] = ()) -> Config:
+    """The file (Kafka `.properties` syntax) with `key=value` overrides on top."""
+    properties: dict[str, str] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                properties = dict(javaproperties.load(f))
+        except OSError as e:
+            raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+    properties.update(parse_overrides(overrides))
+    try:
+        return parse(properties, source=source)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def effective(config: Config) -> list[tuple[ConfigKey, Any, bool]]:
+    """(key, value, is_default) of every key, secrets masked: for `config check`."""
+    rows = []
+    for key in _KEYS:
+        value = config.values[key.name]
+        shown = "[hidden]" if key.secret and value else value
+        rows.append((key, shown, key.default == value))
+    return rows

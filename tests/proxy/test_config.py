@@ -1,0 +1,87 @@
+"""The one configuration file shared by the proxy and the pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import KEYS, MIB, TOPIC_KEYS, ConfigError, load, parse
+
+BASE = {"bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_defaults_fill_every_key():
+    config = parse(BASE)
+    assert set(config.values) == set(KEYS)
+    assert config["bootstrap.servers"] == ("127.0.0.1:9092",)
+    assert config["remote.log.reader.max.pending.tasks"] == 100
+    assert config["remote.fetch.max.wait.ms"] == 500
+    assert config["remote.log.manager.task.retry.jitter"] == 0.2
+    assert config["socket.request.max.bytes"] == 104857600
+
+
+def test_the_kips_index_cache_name_is_accepted_in_megabytes():
+    config = parse({**BASE, "remote.log.index.file.cache.total.size.mb": "64"})
+    assert config["remote.log.index.file.cache.total.size.bytes"] == 64 * MIB
+    with pytest.raises(ConfigError, match="same thing"):
+        parse({**BASE, "remote.log.index.file.cache.total.size.mb": "64",
+               "remote.log.index.file.cache.total.size.bytes": "1"})
+
+
+def test_topic_overrides_and_kafka_defaults():
+    config = parse({
+        **BASE,
+        "log.retention.ms": "1000",
+        "topic.orders.v1.remote.storage.enable": "true",
+        "topic.orders.v1.local.retention.bytes": "4096",
+        "topic.clicks.remote.storage.enable": "false",
+    })
+    orders = config.topic("orders.v1")
+    assert orders.remote_storage_enable and orders.local_retention_bytes == 4096
+    # -2 (the default) means: follow retention.
+    assert orders.local_retention_ms == orders.retention_ms == 1000
+    assert [t.name for t in config.tiered_topics] == ["orders.v1"]
+    assert not config.topic("never-named").remote_storage_enable
+
+
+@pytest.mark.parametrize(
+    "properties, message",
+    [
+        ({}, "bootstrap.servers is required"),
+        ({**BASE, "remote.log.reader.thread": "3"}, "did you mean remote.log.reader.threads"),
+        ({**BASE, "remote.log.storage.backend": "hdfs"}, "must be one of local, s3"),
+        ({**BASE, "remote.log.reader.threads": "ten"}, "must be an integer"),
+        ({**BASE, "remote.log.reader.threads": "0"}, "must be >= 1"),
+        ({**BASE, "topic.t.remote.storage.enable": "yes"}, "topic.t.remote.storage.enable='yes': must be true or false"),
+        ({**BASE, "topic.t.retention.ms": "-7"}, "topic.t.retention.ms"),
+        ({**BASE, "remote.log.storage.backend": "s3"}, "remote.log.storage.s3.bucket is required"),
+        ({**BASE, "tiered.storage.not.available.error.code": "3"}, "must be one of -1, 9, 7, 56"),
+    ],
+)
+def test_bad_configuration_names_the_key(properties, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        parse(properties)
+
+
+def test_load_a_properties_file_with_overrides(tmp_path: Path):
+    path = tmp_path / "tierproxy.properties"
+    path.write_text("# tierproxy\nbootstrap.servers=127.0.0.1:9092\nremote.log.reader.threads = 4\n")
+    config = load(path, ["remote.log.reader.threads=6", "metrics.port=0"])
+    assert config["remote.log.reader.threads"] == 6 and config["metrics.port"] == 0
+    with pytest.raises(ConfigError, match="not key=value"):
+        load(path, ["metrics.port"])
+    with pytest.raises(ConfigError, match=str(path)):
+        load(path, ["metrics.port=-5"])
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.properties")
+
+
+def test_raw_round_trips():
+    config = parse({**BASE, "topic.a.remote.storage.enable": "true", "remote.log.storage.local.dir": "/tmp/x"})
+    assert parse(config.raw()) == config
+
+
+def test_every_key_is_documented():
+    for key in [*KEYS.values(), *TOPIC_KEYS.values()]:
+        assert key.doc.endswith("."), key.name
