@@ -1,0 +1,249 @@
+"""What the pipeline asks the Kafka cluster: topics and their ids and leaders, offsets,
+raw record batches, and DeleteRecords. Each request goes to the partition's leader over
+tierproxy's own protocol connection (proxy.kafka_connection), so batches arrive exactly
+as the broker stores them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kio.schema.delete_records.v2 import request as delete_records
+from kio.schema.fetch.v12 import request as fetch
+from kio.schema.list_offsets.v7 import request as list_offsets
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from protocol.apis import ErrorCode, OffsetSpec, error_name
+from proxy.kafka_connection import KafkaConnection
+
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+
+
+class ClusterError(RuntimeError):
+    """The broker answered with an error for a partition or topic."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition: int
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: dict[int, PartitionInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class ListedOffset:
+    offset: int
+    timestamp: int
+    leader_epoch: int
+
+
+def _ms(value: int) -> i32Timedelta:
+    return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
+
+
+class Cluster:
+    """Connections to the brokers of one cluster, opened lazily, one per node."""
+
+    def __init__(self, bootstrap_servers: Iterable[str], *, client_id: str = "tierproxy-pipeline") -> None:
+        self._bootstrap = [self._split(server) for server in bootstrap_servers]
+        self._client_id = client_id
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._connections: dict[int, KafkaConnection] = {}
+        self._bootstrap_connection: KafkaConnection | None = None
+        self._lock = asyncio.Lock()
+
+    @staticmethod
+    def _split(server: str) -> tuple[str, int]:
+        host, _, port = server.strip().rpartition(":")
+        return host.strip("[]"), int(port)
+
+    async def __aenter__(self) -> Cluster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for connection in [*self._connections.values(), self._bootstrap_connection]:
+            if connection is not None:
+                await connection.close()
+        self._connections.clear()
+        self._bootstrap_connection = None
+
+    async def _any(self) -> KafkaConnection:
+        if self._bootstrap_connection is None:
+            errors = []
+            for host, port in self._bootstrap:
+                try:
+                    self._bootstrap_connection = await KafkaConnection.open(host, port, client_id=self._client_id)
+                    break
+                except ConnectionError as e:
+                    errors.append(str(e))
+            else:
+                raise ConnectionError(f"no bootstrap server reachable: {'; '.join(errors)}")
+        return self._bootstrap_connection
+
+    async def _node(self, node_id: int) -> KafkaConnection:
+        async with self._lock:
+            connection = self._connections.get(node_id)
+            if connection is None:
+                if node_id not in self._brokers:
+                    await self.topics([])
+                host, port = self._brokers[node_id]
+                connection = await KafkaConnection.open(host, port, client_id=self._client_id)
+                self._connections[node_id] = connection
+            return connection
+
+    async def topics(self, names: Iterable[str] | None = None) -> dict[str, TopicInfo]:
+        """Topics by name (all of them when `names` is None); unknown names are left out."""
+        wanted = None if names is None else tuple(MetadataRequestTopic(topic_id=None, name=n) for n in names)
+        response = await (await self._any()).request(
+            MetadataRequest(topics=wanted, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        )
+        self._brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
+        topics = {}
+        for topic in response.topics:
+            if topic.error_code == ErrorCode.unknown_topic_or_partition:
+                continue
+            if topic.error_code != ErrorCode.none:
+                raise ClusterError(f"metadata of topic {topic.name}: {error_name(topic.error_code)}", topic.error_code)
+            topics[topic.name] = TopicInfo(
+                topic.name,
+                topic.topic_id,
+                {p.partition_index: PartitionInfo(p.partition_index, p.leader_id, p.leader_epoch) for p in topic.partitions},
+            )
+        return topics
+
+    async def list_offsets(
+        self,
+        topics: dict[str, TopicInfo],
+        partitions: Iterable[tuple[str, int]],
+        spec: int,
+        *,
+        isolation_level: int = READ_UNCOMMITTED,
+    ) -> dict[tuple[str, int], ListedOffset]:
+        """ListOffsets for each (topic, partition), sent to its leader. With LATEST and
+        READ_COMMITTED the answer is the last stable offset."""
+        by_leader: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        for topic, partition in partitions:
+            by_leader[topics[topic].partitions[partition].leader][topic].append(partition)
+
+        async def ask(leader: int, wanted: dict[str, list[int]]):
+            return await (await self._node(leader)).request(
+                list_offsets.ListOffsetsRequest(
+                    replica_id=i32(-1),
+                    isolation_level=i8(isolation_level),
+                    topics=tuple(
+                        list_offsets.ListOffsetsTopic(
+                            name=name,
+                            partitions=tuple(
+                                list_offsets.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(spec))
+                                for p in ps
+                            ),
+                        )
+                        for name, ps in wanted.items()
+                    ),
+                )
+            )
+
+        responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
+        out = {}
+        for response in responses:
+            for topic in response.topics:
+                for p in topic.partitions:
+                    if p.error_code != ErrorCode.none:
+                        raise ClusterError(
+                            f"ListOffsets {OffsetSpec(spec).name if spec < 0 else spec} of "
+                            f"{topic.name}-{p.partition_index}: {error_name(p.error_code)}",
+                            p.error_code,
+                        )
+                    out[(topic.name, p.partition_index)] = ListedOffset(p.offset, p.timestamp, p.leader_epoch)
+        return out
+
+    async def fetch_raw(
+        self, topics: dict[str, TopicInfo], topic: str, partition: int, offset: int, max_bytes: int, *,
+        max_wait_ms: int = 100,
+    ):
+        """One Fetch (READ_UNCOMMITTED: aborted data and markers included) from the leader;
+        the kio partition response, records as the broker sent them."""
+        leader = topics[topic].partitions[partition].leader
+        response = await (await self._node(leader)).request(
+            fetch.FetchRequest(
+                max_wait=_ms(max_wait_ms),
+                min_bytes=i32(1),
+                max_bytes=i32(max_bytes),
+                isolation_level=i8(READ_UNCOMMITTED),
+                topics=(
+                    fetch.FetchTopic(
+                        topic=topic,
+                        partitions=(
+                            fetch.FetchPartition(
+                                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)
+                            ),
+                        ),
+                    ),
+                ),
+                forgotten_topics_data=(),
+            )
+        )
+        if response.error_code != ErrorCode.none:
+            raise ClusterError(f"Fetch {topic}-{partition}: {error_name(response.error_code)}", response.error_code)
+        (partition_response,) = response.responses[0].partitions
+        return partition_response
+
+    async def delete_records(
+        self, topics: dict[str, TopicInfo], before: dict[tuple[str, int], int], *, timeout_ms: int = 30_000
+    ) -> dict[tuple[str, int], int]:
+        """DeleteRecords: advance each partition's log start offset to the given offset.
+        Returns the new low watermarks."""
+        by_leader: dict[int, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+        for (topic, partition), offset in before.items():
+            by_leader[topics[topic].partitions[partition].leader][topic].append((partition, offset))
+
+        async def ask(leader: int, wanted: dict[str, list[tuple[int, int]]]):
+            return await (await self._node(leader)).request(
+                delete_records.DeleteRecordsRequest(
+                    topics=tuple(
+                        delete_records.DeleteRecordsTopic(
+                            name=name,
+                            partitions=tuple(
+                                delete_records.DeleteRecordsPartition(partition_index=i32(p), offset=i64(o))
+                                for p, o in ps
+                            ),
+                        )
+                        for name, ps in wanted.items()
+                    ),
+                    timeout=_ms(timeout_ms),
+                ),
+                timeout=timeout_ms / 1000 + 10,
+            )
+
+        responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
+        out = {}
+        for response in responses:
+            for topic in response.topics:
+                for p in topic.partitions:
+                    if p.error_code != ErrorCode.none:
+                        raise ClusterError(
+                            f"DeleteRecords {topic.name}-{p.partition_index}: {error_name(p.error_code)}", p.error_code
+                        )
+                    out[(topic.name, p.partition_index)] = p.low_watermark
+        return out

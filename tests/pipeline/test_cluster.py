@@ -1,0 +1,46 @@
+"""The pipeline's view of the cluster, against the real broker."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from pipeline.cluster import READ_COMMITTED, Cluster, ClusterError
+from protocol.apis import ErrorCode, OffsetSpec
+from protocol.records import iter_batches
+
+
+async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
+    name = topic(partitions=2)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_cluster.bootstrap_servers, linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(100):
+            await producer.send(name, value=b"v%d" % i, partition=i % 2)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    async with Cluster(kafka_cluster.bootstrap_servers.split(",")) as cluster:
+        topics = await cluster.topics([name, "no-such-topic"])
+        assert list(topics) == [name] and sorted(topics[name].partitions) == [0, 1]
+        tps = [(name, 0), (name, 1)]
+        earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
+        latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
+        stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
+        assert {tp: o.offset for tp, o in earliest.items()} == {(name, 0): 0, (name, 1): 0}
+        assert {tp: o.offset for tp, o in latest.items()} == {(name, 0): 50, (name, 1): 50}
+        assert stable == latest  # no open transaction
+
+        response = await cluster.fetch_raw(topics, name, 0, 10, 1 << 20)
+        batches = list(iter_batches(response.records, verify_crc=True))
+        assert batches[0].base_offset <= 10 and batches[-1].next_offset == 50
+
+        assert await cluster.delete_records(topics, {(name, 0): 20}) == {(name, 0): 20}
+        earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
+        assert earliest[(name, 0)].offset == 20 and earliest[(name, 1)].offset == 0
+        below = await cluster.fetch_raw(topics, name, 0, 5, 1 << 20)
+        assert below.error_code == ErrorCode.offset_out_of_range
+
+        with pytest.raises(ClusterError, match="DeleteRecords"):
+            await cluster.delete_records(topics, {(name, 1): 1000})
