@@ -21,8 +21,44 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tiered storage for any Kafka cluster, served by a Kafka-protocol proxy.",
     )
     parser.add_argument("--version", action="version", version=f"tierproxy {_version()}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_status(commands)
+    _add_config(commands)
     return parser
+
+
+def _lazy(module: str, function: str = "run"):
+    """A subcommand's entry point, imported only when that subcommand runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        from importlib import import_module
+
+        return getattr(import_module(module), function)(args)
+
+    return run
+
+
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="the .properties file")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a key on top of the file (repeatable)")
+
+
+def _add_status(commands) -> None:
+    status = commands.add_parser("status", help="offsets of the tiered partitions and whether they are safe")
+    _config_arguments(status)
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="how long to wait for the remote log metadata to load")
+    status.set_defaults(run=_lazy("proxy.status"))
+
+
+def _add_config(commands) -> None:
+    config = commands.add_parser("config", help="check a configuration file, or print its reference")
+    actions = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    _config_arguments(actions.add_parser("check", help="validate a file and print the effective configuration"))
+    actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations")
+    config.set_defaults(run=_lazy("proxy.config_check"))
 
 
 def main(argv: list[str] | None = None) -> int:

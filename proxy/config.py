@@ -48,11 +48,16 @@ class Range:
             raise ValueError(f"must be {self}")
 
     def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
         if self.high is None:
-            return f">= {self.low:g}"
+            return f">= {low}"
         if self.low is None:
-            return f"<= {self.high:g}"
-        return f"in [{self.low:g}, {self.high:g}]"
+            return f"<= {high}"
+        return f"in [{low}, {high}]"
+
+
+def _number(value: float | None) -> str:
+    return str(int(value)) if value is not None and float(value).is_integer() else str(value)
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ _topic_key("segment.bytes", int, "Size of a remote segment.", Range(1))
 _topic_key("segment.ms", int, "Age at which a remote segment is cut.", Range(1))
 
 # Topic-level name -> the default key it falls back to.
-_TOPIC_DEFAULTS = {
+TOPIC_DEFAULTS = {
     "local.retention.ms": "log.local.retention.ms",
     "local.retention.bytes": "log.local.retention.bytes",
     "retention.ms": "log.retention.ms",
@@ -242,6 +247,12 @@ _TOPIC_DEFAULTS = {
 _define("spark.master", str, "local[*]", "Spark master of the tiering pipeline (local[*], spark://, yarn, k8s://).",
         "pipeline")
 _define("spark.app.name", str, "tierproxy-tier", "Spark application name.", "pipeline")
+_define("pipeline.fetch.max.bytes", int, 8 * MIB,
+        "Bytes asked for in one Fetch when a copy task reads a partition from its leader.", "pipeline",
+        validator=Range(64 * 1024))
+_define("pipeline.test.fail.after.objects", int, 0,
+        "Test hook: the first attempt of a copy task fails after uploading this many objects "
+        "(0, the default, turns it off). Only for fault-injection tests.", "pipeline", validator=Range(0))
 
 # Proxy
 _define("proxy.listener.host", str, "127.0.0.1", "Address the proxy listens on.", "proxy")
@@ -278,6 +289,20 @@ _define("tiered.storage.not.available.error.code", int, -1,
         validator=OneOf((-1, 9, 7, 56)))
 _define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
         validator=Range(0, 65535))
+_define("broker.connection.setup.timeout.ms", int, 10_000,
+        "How long the proxy waits for a client's upstream connection to a broker.", "proxy",
+        validator=Range(1))
+_define("proxy.ssl.certificate.location", str, "",
+        "PEM certificate (chain) of the proxy's listeners; empty for plaintext listeners.", "proxy")
+_define("proxy.ssl.key.location", str, "",
+        "PEM private key of proxy.ssl.certificate.location; empty if the certificate file holds it.", "proxy")
+_define("proxy.ssl.key.password", str, "", "Password of the private key, if encrypted.", "proxy",
+        secret=True)
+_define("broker.ssl.enable", bool, False, "Connect to the brokers with TLS.", "proxy")
+_define("broker.ssl.ca.location", str, "",
+        "PEM CA certificates that verify the brokers; empty for the system's trust store.", "proxy")
+_define("broker.ssl.endpoint.identification.enable", bool, True,
+        "Check that a broker's certificate names the host connected to.", "proxy")
 
 KEYS: Mapping[str, ConfigKey] = {key.name: key for key in _KEYS}
 TOPIC_KEYS: Mapping[str, ConfigKey] = _TOPIC_KEYS
@@ -341,7 +366,7 @@ def _format(value: Any) -> str:
 
 def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, Any]) -> TopicConfig:
     settings = {"remote_storage_enable": overrides.get("remote.storage.enable", False)}
-    for key, default_key in _TOPIC_DEFAULTS.items():
+    for key, default_key in TOPIC_DEFAULTS.items():
         settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
     # Kafka's -2: local retention follows the (remote) retention.
     if settings["local_retention_ms"] == -2:

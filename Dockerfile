@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+# The tierproxy image. Targets:
+#   proxy     (the default) runs `tierproxy serve`
+#   pipeline  adds a Java runtime for Spark and runs `tierproxy tier`
+# docker-compose.yml builds both and mounts the configuration at
+# /etc/tierproxy/tierproxy.properties.
+
+# bookworm: the Debian release whose openjdk-17-jre-headless the pipeline installs.
+FROM python:3.11-slim-bookworm AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/tierproxy/src
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY proxy ./proxy
+COPY storage ./storage
+COPY cache ./cache
+COPY pipeline ./pipeline
+COPY testbed ./testbed
+RUN pip install . && rm -rf build *.egg-info
+# A fixed uid so volume ownership is predictable. Never root.
+RUN groupadd --system --gid 10001 tierproxy \
+ && useradd --system --uid 10001 --gid tierproxy --home-dir /var/lib/tierproxy --create-home \
+        --shell /usr/sbin/nologin tierproxy
+WORKDIR /var/lib/tierproxy
+USER tierproxy
+
+FROM base AS pipeline
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+ && rm -rf /var/lib/apt/lists/*
+# Spark's Python workers run the interpreter of the driver.
+ENV PYSPARK_PYTHON=python3
+USER tierproxy
+CMD ["tierproxy", "tier", "--config", "/etc/tierproxy/tierproxy.properties", "--every", "30s"]
+
+FROM base AS proxy
+EXPOSE 9192 9194 9404
+# Healthy once the bootstrap listener of the mounted configuration accepts connections.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import socket, sys; from proxy.config import load; port = load(sys.argv[1])['proxy.bootstrap.port']; socket.create_connection(('127.0.0.1', port), 3).close()", "/etc/tierproxy/tierproxy.properties"]
+CMD ["tierproxy", "serve", "--config", "/etc/tierproxy/tierproxy.properties"]

@@ -1,0 +1,245 @@
+"""`tierproxy status`: the offsets of every tiered partition and whether they are safe.
+
+For each partition of the tiered topics in the configuration, the offsets of KIP-405
+(seed 001), from the broker and from the remote log metadata:
+
+    Lx  local log start offset   ListOffsets EARLIEST on the broker
+    Ly  last stable offset       ListOffsets LATEST, READ_COMMITTED
+    Lz  local log end offset     ListOffsets LATEST (the high watermark)
+    Rx  remote log start offset  lowest start offset of the COPY_SEGMENT_FINISHED segments
+    Ry  remote log end offset    highest end offset of those segments (inclusive)
+
+and the invariants: Lz >= Ly >= Lx and, once remote data exists, Ly >= Ry >= Rx and
+Lx <= Ry + 1. The last one is the one that loses data: offsets in [Ry + 1, Lx) are
+neither in remote storage nor on the broker any more.
+
+Exit codes: 0 every invariant holds, 1 one is broken (each such partition is named on
+stderr), 2 the configuration is invalid or the cluster or metadata cannot be read.
+Reads only; never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from aiokafka.errors import KafkaError
+
+from pipeline.cluster import READ_COMMITTED, Cluster, ClusterError
+from protocol.apis import OffsetSpec
+from storage.errors import MetadataNotReady, RemoteLogMetadataError
+from storage.factory import remote_log_metadata_manager
+from storage.metadata import RemoteLogMetadataManager
+from storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
+from storage.model import RemoteLogSegmentState, TopicIdPartition
+
+from .config import Config, ConfigError, load
+
+EXIT_OK = 0
+EXIT_BROKEN = 1
+EXIT_ERROR = 2
+DEFAULT_TIMEOUT_S = 30.0  # the `--timeout` of proxy/cli.py
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    topic_id: str
+    lx: int  # local log start offset
+    ly: int  # last stable offset
+    lz: int  # local log end offset
+    rx: int | None  # remote log start offset, None without remote data
+    ry: int | None  # remote log end offset (last offset in remote storage)
+    remote_segments: int  # COPY_SEGMENT_FINISHED segments
+    remote_bytes: int
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def broken_invariants(lx: int, ly: int, lz: int, rx: int | None, ry: int | None) -> tuple[str, ...]:
+    """Each invariant of seed 001 that does not hold, in words."""
+    problems = []
+    if not lz >= ly:
+        problems.append(f"Lz >= Ly broken: local log end {lz} < last stable offset {ly}")
+    if not ly >= lx:
+        problems.append(f"Ly >= Lx broken: last stable offset {ly} < local log start {lx}")
+    if rx is not None and ry is not None:
+        # Seed 001 writes Ly >= Ry; Ry is the last offset held remotely and Ly the first
+        # offset not yet stable, so the remote end must lie strictly below Ly.
+        if not ly > ry:
+            problems.append(f"Ly > Ry broken: remote log end {ry} is not below the last stable offset {ly}")
+        if not ry >= rx:
+            problems.append(f"Ry >= Rx broken: remote log end {ry} < remote log start {rx}")
+        if not lx <= ry + 1:
+            problems.append(
+                f"gap: offsets [{ry + 1}, {lx - 1}] are neither remote (Ry={ry}) nor local (Lx={lx})"
+            )
+    return tuple(problems)
+
+
+@dataclass(frozen=True)
+class Report:
+    partitions: list[PartitionStatus]
+    missing_topics: list[str]  # tiered in the configuration but not in the cluster
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        partitions = []
+        for p in self.partitions:
+            entry = asdict(p)
+            entry["problems"] = list(p.problems)
+            entry["ok"] = p.ok
+            partitions.append(entry)
+        return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics}
+
+
+# --------------------------------------------------------------------------- collecting
+
+
+async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Cluster) -> RemoteLogMetadataManager | None:
+    """A started metadata manager that cannot disturb a running pipeline or proxy, or None
+    when no remote log metadata exists yet."""
+    if config["remote.log.metadata.backend"] == "file":
+        return await stack.enter_async_context(remote_log_metadata_manager(config, read_only=True))
+    # The topic backend writes materialized files into its directory: never into the
+    # directory a running pipeline or proxy owns. Start from a copy of it (committed
+    # offsets first, then the flat files, which are thus at least as new) so the topic is
+    # not re-read from the beginning; and never create the topic from here.
+    if DEFAULT_TOPIC not in await cluster.topics([DEFAULT_TOPIC]):
+        return None
+    copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierproxy-status-")))
+    source = Path(config["remote.log.metadata.dir"])
+    if source.is_dir():
+        for path in [source / COMMITTED_OFFSETS_FILE, *sorted(source.glob(f"*{FLAT_FILE_SUFFIX}"))]:
+            if path.is_file():
+                shutil.copyfile(path, copy / path.name)
+    values = {**config.values, "remote.log.metadata.dir": copy}
+    return await stack.enter_async_context(remote_log_metadata_manager(values, read_only=True))
+
+
+def _remote(
+    rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition
+) -> tuple[int | None, int | None, int, int]:
+    if rlmm is None:
+        return None, None, 0, 0
+    finished = [
+        s for s in rlmm.list_segments(tp) if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+    ]
+    return (
+        rlmm.log_start_offset(tp),
+        rlmm.log_end_offset(tp),
+        len(finished),
+        sum(s.segment_size_in_bytes for s in finished),
+    )
+
+
+async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S) -> Report:
+    """Reads in an order that a running pipeline cannot turn into a false alarm: the
+    pipeline advances Lx only after Ry covers it, and Ly and Lz only grow. So Lx is read
+    before the remote metadata, and Ly and then Lz after it."""
+    wanted = [t.name for t in config.tiered_topics]
+    async with AsyncExitStack() as stack:
+        cluster = await stack.enter_async_context(Cluster(config["bootstrap.servers"], client_id="tierproxy-status"))
+        topics = await cluster.topics(wanted) if wanted else {}
+        missing = [name for name in wanted if name not in topics]
+        tps = [(name, p) for name in wanted if name in topics for p in sorted(topics[name].partitions)]
+        if not tps:
+            return Report([], missing)
+        earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
+        rlmm = await _metadata_manager(config, stack, cluster)
+        ids = {tp: TopicIdPartition(topics[tp[0]].topic_id, *tp) for tp in tps}
+        if rlmm is not None:
+            for tp in ids.values():
+                await rlmm.wait_until_ready(tp, timeout)
+        remote = {tp: _remote(rlmm, ids[tp]) for tp in tps}
+        stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
+        latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
+    partitions = []
+    for tp in tps:
+        lx, ly, lz = earliest[tp].offset, stable[tp].offset, latest[tp].offset
+        rx, ry, segments, size = remote[tp]
+        partitions.append(PartitionStatus(
+            tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, segments, size,
+            broken_invariants(lx, ly, lz, rx, ry),
+        ))
+    return Report(partitions, missing)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _cell(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_table(report: Report) -> str:
+    header = ("PARTITION", "LX", "LY", "LZ", "RX", "RY", "SEGMENTS", "BYTES", "INVARIANTS")
+    rows = [header] + [
+        (p.name, str(p.lx), str(p.ly), str(p.lz), _cell(p.rx), _cell(p.ry), str(p.remote_segments),
+         str(p.remote_bytes), "ok" if p.ok else "BROKEN")
+        for p in report.partitions
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    # Names to the left, numbers to the right, as in kafka-consumer-groups.sh.
+    lines = [
+        "  ".join(cell.ljust(w) if i in (0, len(header) - 1) else cell.rjust(w)
+                  for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    ]
+    lines.append("LX local log start, LY last stable offset, LZ local log end (broker); "
+                 "RX remote log start, RY remote log end (COPY_SEGMENT_FINISHED segments)")
+    return "\n".join(lines)
+
+
+def report_problems(report: Report, err: TextIO) -> None:
+    for name in report.missing_topics:
+        print(f"tierproxy status: tiered topic {name} does not exist in the cluster", file=err)
+    for p in report.partitions:
+        for problem in p.problems:
+            print(f"tierproxy status: {p.name}: {problem}", file=err)
+
+
+def status(
+    path: str | None, overrides: Iterable[str], *, as_json: bool, timeout: float, out: TextIO, err: TextIO
+) -> int:
+    try:
+        config = load(path, overrides)
+    except ConfigError as e:
+        print(f"tierproxy status: invalid configuration: {e}", file=err)
+        return EXIT_ERROR
+    try:
+        report = asyncio.run(collect(config, timeout=timeout))
+    except (OSError, ClusterError, KafkaError, MetadataNotReady, RemoteLogMetadataError, TimeoutError) as e:
+        print(f"tierproxy status: cannot read the offsets: {e}", file=err)
+        return EXIT_ERROR
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2), file=out)
+    else:
+        print(format_table(report), file=out)
+    report_problems(report, err)
+    return EXIT_OK if report.ok else EXIT_BROKEN
+
+
+def run(args: argparse.Namespace) -> int:
+    return status(args.config, args.override, as_json=args.json, timeout=args.timeout,
+                  out=sys.stdout, err=sys.stderr)

@@ -1,0 +1,126 @@
+"""docs/configuration.md is what the declarations generate now, and `tierproxy config
+check` reports the effective configuration or names what is wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import KEYS, TOPIC_KEYS
+from proxy.config_check import REGENERATE, generate_docs
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "configuration.md"
+
+
+def test_committed_reference_is_up_to_date():
+    committed = DOCS.read_text() if DOCS.exists() else ""
+    assert committed == generate_docs(), f"docs/configuration.md is out of date; regenerate it with: {REGENERATE}"
+
+
+def test_reference_has_every_key_with_type_default_and_valid_values():
+    docs = generate_docs()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in docs.splitlines() if line.startswith("| `")}
+    assert set(KEYS) | set(TOPIC_KEYS) <= set(rows)
+    backend = rows["remote.log.storage.backend"].split("|")
+    assert [cell.strip() for cell in backend[2:5]] == ["string", "`local`", "local, s3"]
+    assert "*(required)*" in rows["bootstrap.servers"]
+    assert "`1073741824` (1 GiB)" in rows["remote.log.index.file.cache.total.size.bytes"]
+    assert "remote.log.index.file.cache.total.size.mb" in rows["remote.log.index.file.cache.total.size.bytes"]
+    assert ">= 5242880" in rows["remote.log.storage.s3.multipart.part.bytes"]
+    # Topic-level keys in their own table, with the key each falls back to.
+    assert "`log.local.retention.ms`" in rows["local.retention.ms"]
+    for group in {key.group for key in KEYS.values()}:
+        assert f"## {group[0].upper()}{group[1:]}\n" in docs
+
+
+def test_both_commands_print_the_reference():
+    for argv in (["-m", "proxy.cli", "config", "docs"], ["-m", "proxy.config_check", "--docs"]):
+        result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == generate_docs()
+
+
+def _rows(output: str) -> dict[str, tuple[str, str]]:
+    """KEY -> (VALUE, SOURCE) of `config check`'s table."""
+    lines = output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("KEY "))
+    value_at, source_at = lines[header].index("VALUE"), lines[header].index("SOURCE")
+    return {
+        line[:value_at].strip(): (line[value_at:source_at].strip(), line[source_at:].strip())
+        for line in lines[header + 1:]
+    }
+
+
+def test_check_prints_effective_values_with_their_source(tmp_path, capsys):
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text(
+        "bootstrap.servers=kafka:9092\n"
+        "remote.log.storage.backend=s3\n"
+        "remote.log.storage.s3.bucket=tierproxy\n"
+        "remote.log.storage.s3.secret.access.key=very-secret\n"
+        "remote.log.index.file.cache.total.size.mb=64\n"
+        "remote.fetch.max.wait.ms=500\n"
+        "topic.orders.remote.storage.enable=true\n"
+        "topic.orders.retention.ms=1000\n"
+    )
+    code = main(["config", "check", "--config", str(properties), "--override", "metrics.port=9500"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "very-secret" not in out
+    assert out.splitlines()[0] == f"# {properties}: valid; tiered topics: orders"
+    rows = _rows(out)
+    assert set(KEYS) <= set(rows)
+    assert rows["remote.log.storage.s3.secret.access.key"] == ("[hidden]", "file")
+    assert rows["bootstrap.servers"] == ("kafka:9092", "file")
+    assert rows["metrics.port"] == ("9500", "override")
+    assert rows["remote.log.index.file.cache.total.size.bytes"] == (
+        str(64 * 1024 * 1024), "file (as remote.log.index.file.cache.total.size.mb)")
+    # Given in the file although equal to the default: still the file's.
+    assert rows["remote.fetch.max.wait.ms"] == ("500", "file")
+    assert rows["remote.log.reader.threads"] == ("10", "default")
+    assert rows["remote.log.storage.key.prefix"] == ('""', "default")
+    assert rows["topic.orders.retention.ms"] == ("1000", "file")
+    assert rows["topic.orders.segment.bytes"] == (str(KEYS["log.segment.bytes"].default), "from log.segment.bytes")
+    # Kafka's -2: local retention follows the topic's own retention.
+    assert rows["topic.orders.local.retention.ms"] == ("1000", "from log.local.retention.ms=-2, the topic's retention.ms")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bootstrap.servers=k:9092\nremote.fetch.max.wait.msec=5\n",
+         "remote.fetch.max.wait.msec: unknown configuration key (did you mean remote.fetch.max.wait.ms?)"),
+        ("bootstrap.servers=k:9092\nremote.log.storage.backend=gcs\n",
+         "remote.log.storage.backend='gcs': must be one of local, s3"),
+        ("metrics.port=9404\n", "bootstrap.servers is required"),
+        ("bootstrap.servers=k:9092\nremote.log.storage.backend=s3\n",
+         "remote.log.storage.s3.bucket is required when remote.log.storage.backend=s3"),
+    ],
+)
+def test_check_exits_2_naming_the_key(tmp_path, capsys, text, message):
+    properties = tmp_path / "bad.properties"
+    properties.write_text(text)
+    assert main(["config", "check", "--config", str(properties)]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+
+
+def test_check_exits_2_on_a_missing_file_and_a_bad_override(tmp_path, capsys):
+    assert main(["config", "check", "--config", str(tmp_path / "missing.properties")]) == 2
+    assert "cannot read configuration file" in capsys.readouterr().err
+    good = tmp_path / "good.properties"
+    good.write_text("bootstrap.servers=k:9092\n")
+    assert main(["config", "check", "--config", str(good), "--override", "metrics.port=http"]) == 2
+    assert "metrics.port='http': must be an integer" in capsys.readouterr().err
+
+
+def test_the_deployed_configuration_is_valid(capsys):
+    assert main(["config", "check", "--config", str(ROOT / "deploy" / "tierproxy.properties")]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["remote.log.storage.s3.secret.access.key"] == ("[hidden]", "file")
+    assert rows["topic.orders.remote.storage.enable"] == ("true", "file")

@@ -1,0 +1,202 @@
+"""`tierproxy status` against the real broker and real remote log metadata.
+
+A tiered topic of three partitions, each in another state: part of the log in remote
+storage and the broker trimmed to just after it (healthy), no remote data with an open
+transaction (Ly < Lz), and one trimmed past the remote end (a gap: exit 1, named).
+The command runs as a process, as an operator runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Producer
+
+from pipeline.cluster import Cluster
+from proxy.config import load
+from proxy.kafka_connection import KafkaConnection
+from proxy.status import broken_invariants
+from storage.factory import remote_log_metadata_manager, remote_storage_manager
+from storage.model import TopicIdPartition
+from tests.helpers.remote_tier import fetch_raw_log, tier_log, topic_id_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- the invariants alone
+
+
+def test_invariants_of_seed_001():
+    assert broken_invariants(lx=10, ly=20, lz=30, rx=0, ry=9) == ()
+    assert broken_invariants(lx=0, ly=0, lz=0, rx=None, ry=None) == ()
+    assert broken_invariants(lx=5, ly=5, lz=5, rx=0, ry=50) != ()  # Ry past the LSO
+    (gap,) = broken_invariants(lx=15, ly=20, lz=30, rx=0, ry=9)
+    assert gap.startswith("gap: offsets [10, 14]")
+    assert any("Lz >= Ly" in p for p in broken_invariants(lx=0, ly=9, lz=8, rx=None, ry=None))
+    assert any("Ly >= Lx" in p for p in broken_invariants(lx=9, ly=8, lz=10, rx=None, ry=None))
+    assert any("Ry >= Rx" in p for p in broken_invariants(lx=0, ly=20, lz=20, rx=10, ry=5))
+
+
+# --------------------------------------------------------------------------- against the broker
+
+
+def _status(properties: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "status", "--config", str(properties), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+async def _produce(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, max_batch_size=2048)
+    await producer.start()
+    try:
+        for partition, count in counts.items():
+            for i in range(count):
+                await producer.send(topic, value=b"v%05d" % i + b"x" * 200, partition=partition)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def _open_transaction(bootstrap: str, topic: str, partition: int, count: int) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"status-{topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(count):
+        producer.produce(topic, value=b"open %d" % i, partition=partition)
+    assert producer.flush(30) == 0
+    return producer
+
+
+async def _tier_prefix(bootstrap: str, topic: str, partition: int, end: int, rsm, rlmm, work_dir: Path):
+    """Tier the batches below `end` (as the pipeline would), in two segments."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    conn = await KafkaConnection.open(host, int(port))
+    try:
+        tp = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
+        log = await fetch_raw_log(conn, topic, partition, 0, end)
+    finally:
+        await conn.close()
+    return await tier_log(log, tp, rsm=rsm, rlmm=rlmm, work_dir=work_dir, cut_offsets=[end // 2])
+
+
+def _write_properties(path: Path, bootstrap: str, tmp: Path, topics: list[str], **extra: str) -> Path:
+    lines = [
+        f"bootstrap.servers={bootstrap}",
+        "remote.log.storage.backend=local",
+        f"remote.log.storage.local.dir={tmp / 'remote'}",
+        "remote.log.metadata.backend=file",
+        f"remote.log.metadata.dir={tmp / 'metadata'}",
+        *(f"topic.{name}.remote.storage.enable=true" for name in topics),
+        *(f"{k}={v}" for k, v in extra.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def test_healthy_untiered_and_gap_partitions(kafka_cluster, topic, tmp_path):
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=3)
+    properties = _write_properties(tmp_path / "tierproxy.properties", bootstrap, tmp_path, [name, "no-such-topic"])
+    config = load(properties)
+    await _produce(bootstrap, name, {0: 300, 1: 50, 2: 300})
+    transaction = await asyncio.to_thread(_open_transaction, bootstrap, name, 1, 5)
+    try:
+        async with remote_storage_manager(config) as rsm, remote_log_metadata_manager(config) as rlmm:
+            tiered = {p: await _tier_prefix(bootstrap, name, p, 200, rsm, rlmm, tmp_path / "work") for p in (0, 2)}
+        ry = {p: segments[-1].end_offset for p, segments in tiered.items()}
+        async with Cluster([bootstrap]) as cluster:
+            topics = await cluster.topics([name])
+            # Local retention as the pipeline does it: never past the remote end + 1.
+            await cluster.delete_records(topics, {(name, 0): ry[0] + 1, (name, 2): ry[2] + 1})
+
+            healthy = _status(properties, "--json")
+            assert healthy.returncode == 0, healthy.stderr
+            report = json.loads(healthy.stdout)
+            assert report["ok"] is True and report["missing_topics"] == ["no-such-topic"]
+            assert "no-such-topic does not exist" in healthy.stderr
+            rows = {p["partition"]: p for p in report["partitions"]}
+            assert sorted(rows) == [0, 1, 2]
+            for p in (0, 2):
+                assert rows[p]["topic"] == name and rows[p]["ok"] and rows[p]["problems"] == []
+                assert (rows[p]["rx"], rows[p]["ry"], rows[p]["lx"]) == (0, ry[p], ry[p] + 1)
+                assert (rows[p]["ly"], rows[p]["lz"]) == (300, 300)
+                assert rows[p]["remote_segments"] == len(tiered[p]) == 2
+                assert rows[p]["remote_bytes"] == sum(s.segment_size_in_bytes for s in tiered[p]) > 0
+                assert rows[p]["topic_id"] == str(topics[name].topic_id)
+            # No remote data; the open transaction holds the last stable offset back.
+            assert (rows[1]["lx"], rows[1]["ly"], rows[1]["lz"]) == (0, 50, 55)
+            assert (rows[1]["rx"], rows[1]["ry"], rows[1]["remote_segments"], rows[1]["remote_bytes"]) == (
+                None, None, 0, 0)
+
+            table = _status(properties)
+            assert table.returncode == 0, table.stderr
+            header, *lines = table.stdout.splitlines()
+            assert header.split() == ["PARTITION", "LX", "LY", "LZ", "RX", "RY", "SEGMENTS", "BYTES", "INVARIANTS"]
+            untiered = next(line.split() for line in lines if line.startswith(f"{name}-1 "))
+            assert untiered == [f"{name}-1", "0", "50", "55", "-", "-", "0", "0", "ok"]
+
+            # The broker trimmed past the remote end: offsets ry+1 .. ry+9 exist nowhere.
+            await cluster.delete_records(topics, {(name, 2): ry[2] + 10})
+            broken = _status(properties, "--json")
+            assert broken.returncode == 1
+            assert f"{name}-2: gap: offsets [{ry[2] + 1}, {ry[2] + 9}]" in broken.stderr
+            assert f"{name}-0" not in broken.stderr
+            rows = {p["partition"]: p for p in json.loads(broken.stdout)["partitions"]}
+            assert not rows[2]["ok"] and rows[2]["lx"] == ry[2] + 10
+            assert rows[0]["ok"] and rows[1]["ok"]
+
+            table = _status(properties)
+            assert table.returncode == 1
+            assert next(line for line in table.stdout.splitlines() if line.startswith(f"{name}-2 ")).endswith("BROKEN")
+    finally:
+        transaction.abort_transaction(30)
+
+
+async def test_topic_backend_status_leaves_the_owners_directory_alone(kafka_cluster, topic, tmp_path):
+    """With the __remote_log_metadata backend, status reads a copy of the owner's
+    materialized files and never writes into the owner's directory."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=1)
+    properties = _write_properties(tmp_path / "tierproxy.properties", bootstrap, tmp_path, [name],
+                                   **{"remote.log.metadata.backend": "topic"})
+    config = load(properties)
+    await _produce(bootstrap, name, {0: 100})
+    async with remote_storage_manager(config) as rsm, remote_log_metadata_manager(config) as rlmm:
+        segments = await _tier_prefix(bootstrap, name, 0, 100, rsm, rlmm, tmp_path / "work")
+        owned = tmp_path / "metadata"
+        before = {p.name: p.read_bytes() for p in owned.iterdir()}
+        result = await asyncio.to_thread(_status, properties, "--json")
+        assert {p.name: p.read_bytes() for p in owned.iterdir()} == before
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["partitions"]
+    assert (row["rx"], row["ry"], row["lx"], row["lz"]) == (0, segments[-1].end_offset, 0, 100)
+    assert row["remote_segments"] == 2 and row["ok"]
+
+
+def test_bad_configuration_exits_2(tmp_path):
+    properties = tmp_path / "bad.properties"
+    properties.write_text("bootstrap.servers=127.0.0.1:1\nremote.log.metadata.backend=rocksdb\n")
+    result = _status(properties)
+    assert result.returncode == 2
+    assert "remote.log.metadata.backend" in result.stderr and "file, topic" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_cluster_exits_2(tmp_path):
+    properties = _write_properties(tmp_path / "p.properties", "127.0.0.1:1", tmp_path, ["orders"])
+    result = _status(properties)
+    assert result.returncode == 2
+    assert "cannot read the offsets" in result.stderr
+
+
+def test_status_does_not_import_pyspark():
+    code = "import sys, proxy.cli, proxy.status; sys.exit('pyspark' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
