@@ -1,0 +1,242 @@
+"""A remote segment's `.log` bytes in fixed, aligned chunks, bounded by bytes, with read-ahead.
+
+Chunk i of a segment covers bytes [i * chunk_size, (i + 1) * chunk_size) of its
+`.log`; the last chunk is short (the segment's size is in its metadata). A chunk
+is fetched with one ranged read and joined into one `bytes` object, which readers
+slice with memoryviews: a chunk evicted while a reader still holds it stays alive
+for that reader only.
+
+Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
+i+1 .. i+N (`read_ahead_chunks`) are fetched in the background, so a sequential
+reader finds them ready. The cache holds two kinds of chunks within one byte bound:
+
+- read chunks, in least-recently-used order;
+- prefetched chunks nobody has read yet, in the order they arrived. A read moves
+  a chunk to the first kind.
+
+Speculation gives way to demand: a chunk a reader waited for evicts prefetched
+chunks first, then the least recently read ones. A prefetch reserves its bytes
+before it starts (evicting read chunks only, never other prefetched ones) and is
+skipped when there is no room; at most `max_prefetch_per_segment` run at once per
+segment. So `stored + reserved <= max_bytes` always holds, whatever the number of
+readers. Memory beyond the bound is what readers hold: one chunk per demand load
+in flight and the slices of the responses being written.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import uuid
+
+from storage.errors import CorruptRemoteSegment
+from storage.model import RemoteLogSegmentMetadata
+from storage.rsm import RemoteStorageManager
+
+from . import NO_METRICS, CacheMetrics
+from .single_flight import SingleFlight
+
+ChunkKey = tuple[uuid.UUID, int]
+
+
+class ChunkCache:
+    def __init__(
+        self,
+        rsm: RemoteStorageManager,
+        *,
+        chunk_size: int,
+        max_bytes: int,
+        read_ahead_chunks: int = 2,
+        max_prefetch_per_segment: int = 4,
+        metrics: CacheMetrics = NO_METRICS,
+    ) -> None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if max_bytes < 0 or read_ahead_chunks < 0 or max_prefetch_per_segment < 0:
+            raise ValueError("max_bytes, read_ahead_chunks and max_prefetch_per_segment must be >= 0")
+        self.rsm = rsm
+        self.chunk_size = chunk_size
+        self.max_bytes = max_bytes
+        self.read_ahead_chunks = read_ahead_chunks
+        self.max_prefetch_per_segment = max_prefetch_per_segment
+        self._metrics = metrics
+        self._read: collections.OrderedDict[ChunkKey, bytes] = collections.OrderedDict()
+        self._prefetched: collections.OrderedDict[ChunkKey, bytes] = collections.OrderedDict()
+        self._read_bytes = 0
+        self._prefetched_bytes = 0
+        self._reserved_bytes = 0
+        self._prefetching: collections.Counter[uuid.UUID] = collections.Counter()
+        self._flight: SingleFlight[ChunkKey, bytes] = SingleFlight()
+        self._closed = False
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._read_bytes + self._prefetched_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes set aside for prefetches in flight."""
+        return self._reserved_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """What counts against `max_bytes`: stored chunks plus reservations."""
+        return self.stored_bytes + self._reserved_bytes
+
+    def __len__(self) -> int:
+        return len(self._read) + len(self._prefetched)
+
+    def __contains__(self, key: ChunkKey) -> bool:
+        return key in self._read or key in self._prefetched
+
+    def chunk_count(self, segment: RemoteLogSegmentMetadata) -> int:
+        return -(-segment.segment_size_in_bytes // self.chunk_size)
+
+    def chunk_length(self, segment: RemoteLogSegmentMetadata, index: int) -> int:
+        start = index * self.chunk_size
+        return min(self.chunk_size, segment.segment_size_in_bytes - start)
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, segment: RemoteLogSegmentMetadata, index: int, *, read_ahead: bool = True) -> bytes:
+        """Chunk `index` of the segment; with `read_ahead`, the next chunks are prefetched."""
+        if self._closed:
+            raise RuntimeError("chunk cache is closed")
+        if not 0 <= index < self.chunk_count(segment):
+            raise ValueError(
+                f"chunk {index} is outside segment {segment.segment_id.id} of {segment.segment_size_in_bytes} bytes"
+            )
+        key = (segment.segment_id.id, index)
+        data = self._take(key)
+        if read_ahead:
+            # Before waiting on a miss: the next chunks load alongside this one.
+            self._read_ahead(segment, index)
+        if data is not None:
+            self._metrics.hit()
+            return data
+        self._metrics.miss()
+        data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0))
+        self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
+        return data
+
+    def invalidate(self, segment_id: uuid.UUID) -> None:
+        """Drop a segment's chunks (its bytes failed a check, or it was deleted)."""
+        for area in (self._read, self._prefetched):
+            for key in [k for k in area if k[0] == segment_id]:
+                self._drop(area, key)
+        self._publish_size()
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._flight.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _take(self, key: ChunkKey) -> bytes | None:
+        """A cached chunk, marked most recently read."""
+        data = self._read.get(key)
+        if data is not None:
+            self._read.move_to_end(key)
+            return data
+        data = self._prefetched.pop(key, None)
+        if data is not None:
+            self._prefetched_bytes -= len(data)
+            self._read[key] = data
+            self._read_bytes += len(data)
+        return data
+
+    def _read_ahead(self, segment: RemoteLogSegmentMetadata, index: int) -> None:
+        segment_id = segment.segment_id.id
+        last = min(index + self.read_ahead_chunks, self.chunk_count(segment) - 1)
+        for i in range(index + 1, last + 1):
+            key = (segment_id, i)
+            if key in self or self._flight.in_flight(key):
+                continue
+            if self._prefetching[segment_id] >= self.max_prefetch_per_segment:
+                return
+            size = self.chunk_length(segment, i)
+            if not self._reserve(size):
+                return  # no room without dropping demand: read-ahead yields
+            self._prefetching[segment_id] += 1
+            task = self._flight.start(key, lambda i=i, size=size: self._load(segment, i, reserved=size))
+            task.add_done_callback(lambda _t, s=segment_id: self._prefetch_done(s))
+            self._metrics.prefetched()
+
+    def _prefetch_done(self, segment_id: uuid.UUID) -> None:
+        self._prefetching[segment_id] -= 1
+        if self._prefetching[segment_id] <= 0:
+            del self._prefetching[segment_id]
+
+    def _reserve(self, size: int) -> bool:
+        """Set `size` bytes aside for a prefetch, evicting read chunks only."""
+        if self._prefetched_bytes + self._reserved_bytes + size > self.max_bytes:
+            return False
+        while self.total_bytes + size > self.max_bytes:
+            self._evict_oldest(self._read)
+        self._reserved_bytes += size
+        self._publish_size()
+        return True
+
+    async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> bytes:
+        start = index * self.chunk_size
+        expected = self.chunk_length(segment, index)
+        try:
+            parts = []
+            stream = self.rsm.fetch_log_segment(segment, start, start + expected - 1)
+            async with contextlib.aclosing(stream):
+                async for part in stream:
+                    parts.append(part)
+            data = b"".join(parts)
+        finally:
+            self._reserved_bytes -= reserved
+        if len(data) != expected:
+            raise CorruptRemoteSegment(
+                f"chunk {index} of segment {segment.segment_id.id}: {len(data)} bytes, expected {expected}"
+            )
+        self._metrics.loaded(segment.topic_id_partition.topic, len(data))
+        if not self._closed:
+            self._insert((segment.segment_id.id, index), data, prefetched=reserved > 0)
+        return data
+
+    def _insert(self, key: ChunkKey, data: bytes, *, prefetched: bool) -> None:
+        size = len(data)
+        for area in (self._read, self._prefetched):
+            if key in area:
+                self._drop(area, key)
+        if prefetched:
+            # Its reservation was just released: the room is there, read chunks aside.
+            while self.total_bytes + size > self.max_bytes and self._read:
+                self._evict_oldest(self._read)
+        else:
+            if self._reserved_bytes + size > self.max_bytes:
+                self._publish_size()
+                return  # cannot fit beside the prefetches in flight: served, not kept
+            while self.total_bytes + size > self.max_bytes:
+                self._evict_oldest(self._prefetched if self._prefetched else self._read)
+        if self.total_bytes + size > self.max_bytes:
+            self._publish_size()
+            return
+        if prefetched:
+            self._prefetched[key] = data
+            self._prefetched_bytes += size
+        else:
+            self._read[key] = data
+            self._read_bytes += size
+        self._publish_size()
+
+    def _evict_oldest(self, area: collections.OrderedDict[ChunkKey, bytes]) -> None:
+        key = next(iter(area))
+        self._drop(area, key)
+        self._metrics.evicted()
+
+    def _drop(self, area: collections.OrderedDict[ChunkKey, bytes], key: ChunkKey) -> None:
+        data = area.pop(key)
+        if area is self._read:
+            self._read_bytes -= len(data)
+        else:
+            self._prefetched_bytes -= len(data)
+
+    def _publish_size(self) -> None:
+        self._metrics.size(self.total_bytes, len(self))

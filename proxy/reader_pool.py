@@ -1,0 +1,182 @@
+"""Kafka's remote log reader thread pool, as asyncio tasks.
+
+`threads` reads run at once (`remote.log.reader.threads`); at most
+`max_pending_tasks` wait for a reader (`remote.log.reader.max.pending.tasks`).
+Past that, `submit` refuses at once with ReaderQueueFull: the partition gets an
+error now, never a place in an unbounded queue. As Kafka's `RemoteLogReader`, a
+task never raises to its submitter: its future resolves to a ReadOutcome holding
+the value or the error.
+
+`remote.fetch.max.wait.ms` is applied by `read(..., timeout=...)`. When it runs
+out, the caller gets `ReadOutcome(expired=True)` (Kafka answers empty records, no
+error) and the task is cancelled the way Kafka's `DelayedRemoteFetch` does it
+(`cancel(false)`): a read still waiting for a reader never starts; a read already
+running is not interrupted. It completes in the background and warms the caches,
+and since it keeps its reader until then, such reads are bounded by `threads`
+like any other; its result is dropped. Nothing is left half done: no cache ever
+holds a partial chunk or index, whatever is cancelled when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from storage.errors import RemoteStorageError
+
+from .remote_metrics import ReadErrorReason, RemoteMetrics
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ReaderQueueFull(RemoteStorageError):
+    """Every remote log reader is busy and `remote.log.reader.max.pending.tasks` reads wait already."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutcome(Generic[T]):
+    """What a remote read task ended with: a value, an error, or expiry of the wait."""
+
+    value: T | None = None
+    error: BaseException | None = None
+    #: The wait ran out before the read finished: answer empty records, no error.
+    expired: bool = False
+
+
+class RemoteLogReaderPool:
+    def __init__(self, *, threads: int, max_pending_tasks: int, metrics: RemoteMetrics | None = None) -> None:
+        if threads < 1 or max_pending_tasks < 1:
+            raise ValueError(f"threads ({threads}) and max_pending_tasks ({max_pending_tasks}) must be >= 1")
+        self.threads = threads
+        self.max_pending_tasks = max_pending_tasks
+        self.metrics = metrics if metrics is not None else RemoteMetrics()
+        self._running = 0
+        self._pending: collections.deque[tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome]]] = (
+            collections.deque()
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.metrics.reader_queue_size.set_function(lambda: len(self._pending))
+        self.metrics.reader_avg_idle.set_function(self.idle_ratio)
+
+    @property
+    def queue_size(self) -> int:
+        """Reads waiting for a reader (RemoteLogReaderTaskQueueSize)."""
+        return len(self._pending)
+
+    @property
+    def active(self) -> int:
+        """Reads running now, background completions of expired reads included."""
+        return self._running
+
+    def idle_ratio(self) -> float:
+        """Share of readers idle now (RemoteLogReaderAvgIdlePercent: 1 - active / threads)."""
+        return 1.0 - self._running / self.threads
+
+    def submit(self, read: Callable[[], Awaitable[T]]) -> asyncio.Future[ReadOutcome[T]]:
+        """Run `read()` on a reader now or when one frees up; raises ReaderQueueFull when full.
+
+        The future resolves to a ReadOutcome, never to an exception. Cancelling it
+        before the read started means the read never starts.
+        """
+        if self._closed:
+            raise RuntimeError("remote log reader pool is closed")
+        future: asyncio.Future[ReadOutcome[T]] = asyncio.get_running_loop().create_future()
+        if self._running < self.threads:
+            self._launch(read, future)
+        elif len(self._pending) < self.max_pending_tasks:
+            entry = (read, future)
+            self._pending.append(entry)  # type: ignore[arg-type]
+            future.add_done_callback(lambda _f: self._unqueue(entry))
+        else:
+            raise ReaderQueueFull(
+                f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting"
+            )
+        return future
+
+    async def read(self, read: Callable[[], Awaitable[T]], *, timeout: float | None, topic: str = "") -> ReadOutcome[T]:
+        """Submit and wait at most `timeout` seconds (remote.fetch.max.wait.ms); never raises for the read.
+
+        A full queue gives `ReadOutcome(error=ReaderQueueFull)`, a wait that runs out
+        `ReadOutcome(expired=True)`; both are counted for `topic`.
+        """
+        try:
+            future = self.submit(read)
+        except ReaderQueueFull as e:
+            self.metrics.read_error(topic, ReadErrorReason.QUEUE_FULL)
+            return ReadOutcome(error=e)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            self._give_up(future)
+            self.metrics.fetch_expired.labels(topic).inc()
+            return ReadOutcome(expired=True)
+        except asyncio.CancelledError:
+            self._give_up(future)
+            raise
+
+    async def close(self) -> None:
+        """Refuse new reads, drop waiting ones, cancel running ones and wait for them."""
+        self._closed = True
+        while self._pending:
+            _, future = self._pending.popleft()
+            future.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
+        self._running += 1
+        task = asyncio.get_running_loop().create_task(self._run(read, future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
+        try:
+            try:
+                outcome = ReadOutcome(value=await read())
+            except asyncio.CancelledError:
+                future.cancel()
+                raise
+            except Exception as e:  # noqa: BLE001 - the outcome carries it to the submitter
+                outcome = ReadOutcome(error=e)
+            if not future.done():
+                future.set_result(outcome)
+            elif outcome.error is not None:
+                log.debug("remote read finished after its fetch gave up: %s", outcome.error)
+        finally:
+            self._running -= 1
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        while self._pending and self._running < self.threads and not self._closed:
+            read, future = self._pending.popleft()
+            if not future.done():
+                self._launch(read, future)
+
+    def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
+        """Cancel a read's future and free its place in the queue now, not on a later loop turn."""
+        future.cancel()
+        for entry in self._pending:
+            if entry[1] is future:
+                self._pending.remove(entry)
+                return
+
+    def _unqueue(self, entry: tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome]]) -> None:
+        # A waiting read given up by its fetch frees its place in the queue at once.
+        try:
+            self._pending.remove(entry)
+        except ValueError:
+            pass  # already started

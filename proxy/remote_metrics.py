@@ -1,0 +1,113 @@
+"""Prometheus metrics of remote reads, the reader pool and the caches (KIP-405's names, adapted).
+
+| KIP-405                        | here                                                     |
+|--------------------------------|----------------------------------------------------------|
+| RemoteReadRequestsPerSec       | tierproxy_remote_read_requests_total{topic}              |
+| RemoteBytesInPerSec            | tierproxy_remote_bytes_in_total{topic} (read from store) |
+| RemoteReadErrorPerSec          | tierproxy_remote_read_errors_total{topic,reason}         |
+| RemoteLogReaderTaskQueueSize   | tierproxy_remote_log_reader_task_queue_size              |
+| RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1, as Kafka's) |
+
+plus the record bytes served (`tierproxy_remote_fetch_bytes_total{topic}`), remote
+fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`)
+and, per cache (`cache` = index | chunk), hits, misses, evictions, prefetches, bytes
+and entries. Rates are Prometheus' job (`rate(...[1m])`).
+
+Everything is registered on the CollectorRegistry passed in, so a test builds a
+fresh one and reads values back with `value()`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from cache import CacheMetrics
+
+
+class ReadErrorReason(enum.Enum):
+    """The `reason` label of tierproxy_remote_read_errors_total."""
+
+    CORRUPT = "corrupt"  # CRC-32C or size mismatch: never served
+    NOT_FOUND = "not_found"  # metadata points at objects that are gone
+    STORAGE = "storage"  # the store failed (retriable or not)
+    METADATA_NOT_READY = "metadata_not_ready"
+    QUEUE_FULL = "queue_full"  # the reader pool refused the read
+
+
+class RemoteMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.read_requests = Counter(
+            "tierproxy_remote_read_requests", "Remote reads asked for, by topic.", ["topic"], registry=r)
+        self.bytes_in = Counter(
+            "tierproxy_remote_bytes_in", "Bytes read from remote storage, by topic.", ["topic"], registry=r)
+        self.fetch_bytes = Counter(
+            "tierproxy_remote_fetch_bytes", "Record bytes served from remote segments, by topic.", ["topic"],
+            registry=r)
+        self.read_errors = Counter(
+            "tierproxy_remote_read_errors", "Remote reads that failed, by topic and reason.", ["topic", "reason"],
+            registry=r)
+        self.fetch_expired = Counter(
+            "tierproxy_remote_fetch_expired",
+            "Remote reads still running when remote.fetch.max.wait.ms ran out (answered with empty records).",
+            ["topic"], registry=r)
+        self.reader_queue_size = Gauge(
+            "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r)
+        self.reader_avg_idle = Gauge(
+            "tierproxy_remote_log_reader_avg_idle_percent",
+            "Share of remote log readers idle now (0..1, Kafka's RemoteLogReaderAvgIdlePercent).", registry=r)
+        self.cache_hits = Counter("tierproxy_cache_hits", "Cache lookups answered from memory.", ["cache"],
+                                  registry=r)
+        self.cache_misses = Counter("tierproxy_cache_misses", "Cache lookups that waited for a load.", ["cache"],
+                                    registry=r)
+        self.cache_evictions = Counter("tierproxy_cache_evictions", "Entries evicted to make room.", ["cache"],
+                                       registry=r)
+        self.cache_prefetches = Counter("tierproxy_cache_prefetches", "Loads started ahead of a reader.", ["cache"],
+                                        registry=r)
+        self.cache_bytes = Gauge("tierproxy_cache_bytes", "Bytes counted against the cache's bound.", ["cache"],
+                                 registry=r)
+        self.cache_entries = Gauge("tierproxy_cache_entries", "Entries held.", ["cache"], registry=r)
+
+    def cache(self, name: str) -> CacheMetrics:
+        """The counters of one cache, in the shape `cache/` expects."""
+        return _PrometheusCacheMetrics(self, name)
+
+    def read_error(self, topic: str, reason: ReadErrorReason) -> None:
+        self.read_errors.labels(topic, reason.value).inc()
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 if never set): for tests and summaries."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+class _PrometheusCacheMetrics:
+    def __init__(self, metrics: RemoteMetrics, name: str) -> None:
+        self._metrics = metrics
+        self._hits = metrics.cache_hits.labels(name)
+        self._misses = metrics.cache_misses.labels(name)
+        self._evictions = metrics.cache_evictions.labels(name)
+        self._prefetches = metrics.cache_prefetches.labels(name)
+        self._bytes = metrics.cache_bytes.labels(name)
+        self._entries = metrics.cache_entries.labels(name)
+
+    def hit(self) -> None:
+        self._hits.inc()
+
+    def miss(self) -> None:
+        self._misses.inc()
+
+    def evicted(self, count: int = 1) -> None:
+        self._evictions.inc(count)
+
+    def prefetched(self) -> None:
+        self._prefetches.inc()
+
+    def size(self, nbytes: int, entries: int) -> None:
+        self._bytes.set(nbytes)
+        self._entries.set(entries)
+
+    def loaded(self, topic: str, nbytes: int) -> None:
+        self._metrics.bytes_in.labels(topic).inc(nbytes)

@@ -1,0 +1,236 @@
+"""Remote partitions for tests: real v2 batches, Kafka's indexes, copied with a real
+RemoteStorageManager and committed (COPY_SEGMENT_FINISHED) in a real metadata store.
+
+`Partition` also keeps the batches it wrote, so tests compute the expected answer of
+a read from the batches themselves, not from the code under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.records import ControlType, iter_batches
+from storage.indexes import build_segment_indexes, write_indexes
+from storage.indexes.producer_snapshot import ProducerState
+from storage.local import LocalRemoteStorageManager
+from storage.metadata import RemoteLogMetadataManager
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from storage.model import (
+    LogSegmentData,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+from storage.rsm import RemoteStorageManager
+from tests.helpers.batches import batch, control_batch
+
+
+BASE_TIMESTAMP_MS = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    base_offset: int
+    last_offset: int
+    data: bytes
+    segment: int  # index in Partition.segments
+
+
+@dataclass
+class Partition:
+    tp: TopicIdPartition
+    segments: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    batches: list[StoredBatch] = field(default_factory=list)
+    segment_data: list[LogSegmentData] = field(default_factory=list)  # the local files, to copy again
+    producer_state: ProducerState | None = None
+    leader_epochs: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].end_offset
+
+    def expected(self, fetch_offset: int, max_bytes: int, *, min_one_batch: bool) -> list[StoredBatch]:
+        """What Kafka serves: from the first batch holding or after the offset, whole batches of
+        that one segment within max_bytes (one at least when min_one_batch)."""
+        start = next((b for b in self.batches if b.last_offset >= fetch_offset), None)
+        if start is None:
+            return []
+        out: list[StoredBatch] = []
+        size = 0
+        for b in self.batches:
+            if b.segment != start.segment or b.last_offset < fetch_offset:
+                continue
+            if size + len(b.data) > max_bytes and not (min_one_batch and not out):
+                break
+            out.append(b)
+            size += len(b.data)
+        return out
+
+    def log_of(self, segment: int) -> bytes:
+        return b"".join(b.data for b in self.batches if b.segment == segment)
+
+
+def new_tp(topic: str = "orders", partition: int = 0) -> TopicIdPartition:
+    return TopicIdPartition(uuid.uuid4(), topic, partition)
+
+
+async def add_segment(
+    rsm: RemoteStorageManager,
+    rlmm: RemoteLogMetadataManager,
+    partition: Partition,
+    batches: Sequence[bytes],
+    workdir: Path,
+    *,
+    index_interval_bytes: int = 256,
+) -> RemoteLogSegmentMetadata:
+    """Write the batches as one segment, build its indexes, copy it and mark it COPY_SEGMENT_FINISHED."""
+    log = b"".join(batches)
+    headers = list(iter_batches(log))
+    assert sum(h.size for h in headers) == len(log), "batches must be whole"
+    base = headers[0].base_offset
+    directory = workdir / uuid.uuid4().hex
+    directory.mkdir(parents=True)
+    log_path = directory / f"{base:020d}.log"
+    log_path.write_bytes(log)
+    indexes = await asyncio.to_thread(
+        build_segment_indexes, log_path, base, index_interval_bytes=index_interval_bytes,
+        initial_producer_state=partition.producer_state, initial_leader_epochs=partition.leader_epochs,
+    )
+    data = write_indexes(indexes, log_path, directory)
+    now = int(time.time() * 1000)
+    metadata = RemoteLogSegmentMetadata(
+        segment_id=RemoteLogSegmentId.generate(partition.tp),
+        start_offset=base,
+        end_offset=indexes.end_offset,
+        max_timestamp_ms=indexes.max_timestamp_ms,
+        leader_epoch=max(indexes.last_leader_epoch, 0),
+        event_timestamp_ms=now,
+        segment_leader_epochs=indexes.segment_leader_epochs,
+        segment_size_in_bytes=indexes.size_in_bytes,
+        txn_index_empty=indexes.txn_index_empty,
+    )
+    await rsm.copy_log_segment_data(metadata, data)
+    await rlmm.add_remote_log_segment_metadata(metadata)
+    update = RemoteLogSegmentMetadataUpdate(
+        metadata.segment_id, now, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, metadata.leader_epoch
+    )
+    await rlmm.update_remote_log_segment_metadata(update)
+    finished = metadata.with_update(update)
+    number = len(partition.segments)
+    partition.segments.append(finished)
+    partition.segment_data.append(data)
+    for h in headers:
+        partition.batches.append(StoredBatch(h.base_offset, h.last_offset, log[h.position : h.end_position], number))
+    partition.producer_state = indexes.producer_state
+    partition.leader_epochs = tuple(tuple(e) for e in indexes.leader_epochs)
+    return finished
+
+
+def plain_batches(
+    first_offset: int,
+    count: int,
+    *,
+    leader_epoch: int = 0,
+    timestamp_ms: int = BASE_TIMESTAMP_MS,
+    value_size: int = 40,
+) -> tuple[list[bytes], int]:
+    """`count` batches of 1-5 records each (sizes vary), timestamps growing by 10 ms per record.
+    Returns the batches and the next offset."""
+    out = []
+    offset = first_offset
+    for i in range(count):
+        records = 1 + (i * 7) % 5
+        out.append(batch(offset, records, leader_epoch=leader_epoch, timestamp_ms=timestamp_ms + 10 * offset,
+                         value_size=value_size + (i * 13) % 60))
+        offset += records
+    return out, offset
+
+
+async def build_partition(
+    rsm: RemoteStorageManager,
+    rlmm: RemoteLogMetadataManager,
+    workdir: Path,
+    *,
+    tp: TopicIdPartition | None = None,
+    segments: int = 3,
+    batches_per_segment: int = 20,
+    first_offset: int = 100,
+    value_size: int = 40,
+    epochs: Sequence[int] | None = None,
+) -> Partition:
+    partition = Partition(tp or new_tp())
+    offset = first_offset
+    for n in range(segments):
+        epoch = epochs[n] if epochs is not None else 0
+        batches, offset = plain_batches(offset, batches_per_segment, leader_epoch=epoch, value_size=value_size)
+        await add_segment(rsm, rlmm, partition, batches, workdir)
+    return partition
+
+
+def abort_marker(offset: int, producer_id: int, **kwargs: Any) -> bytes:
+    return control_batch(offset, ControlType.ABORT, producer_id=producer_id, **kwargs)
+
+
+def commit_marker(offset: int, producer_id: int, **kwargs: Any) -> bytes:
+    return control_batch(offset, ControlType.COMMIT, producer_id=producer_id, **kwargs)
+
+
+class CountingRSM:
+    """A RemoteStorageManager wrapper counting the reads that reach the store, optionally slow."""
+
+    def __init__(self, inner: RemoteStorageManager, *, delay_s: float = 0.0) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.range_reads: list[tuple[uuid.UUID, int, int | None]] = []
+        self.index_reads: list[tuple[uuid.UUID, Any]] = []
+        self.fail_with: BaseException | None = None
+
+    def fetch_log_segment(
+        self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
+    ) -> AsyncIterator[bytes | memoryview]:
+        return self._fetch(metadata, start_position, end_position)
+
+    async def _fetch(
+        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None
+    ) -> AsyncIterator[bytes | memoryview]:
+        self.range_reads.append((metadata.segment_id.id, start, end))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            raise self.fail_with
+        async for chunk in self.inner.fetch_log_segment(metadata, start, end):
+            yield chunk
+
+    async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: Any) -> bytes:
+        self.index_reads.append((metadata.segment_id.id, index_type))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            raise self.fail_with
+        return await self.inner.fetch_index(metadata, index_type)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextlib.asynccontextmanager
+async def local_remote_log(directory: Path) -> AsyncIterator[tuple[LocalRemoteStorageManager, FileRemoteLogMetadataManager]]:
+    """The local-file RemoteStorageManager and the file metadata store, under `directory`."""
+    async with (
+        LocalRemoteStorageManager(directory / "remote", chunk_bytes=16 * 1024) as rsm,
+        FileRemoteLogMetadataManager(directory / "metadata") as rlmm,
+    ):
+        yield rsm, rlmm

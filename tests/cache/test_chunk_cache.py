@@ -1,0 +1,179 @@
+"""ChunkCache against the local-file RemoteStorageManager and real segments."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cache.chunk_cache import ChunkCache
+from proxy.remote_metrics import RemoteMetrics
+from storage.errors import RemoteStorageError
+
+from .remote_log import CountingRSM, build_partition, local_remote_log
+
+CHUNK = 1000
+
+
+def _value(metrics: RemoteMetrics, name: str) -> float:
+    return metrics.value(name, {"cache": "chunk"})
+
+
+async def _wait_idle(cache: ChunkCache) -> None:
+    """Until no prefetch is in flight."""
+    for _ in range(500):
+        if cache.reserved_bytes == 0 and len(cache._flight) == 0:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("prefetches still in flight")
+
+
+async def test_chunks_are_aligned_and_the_last_is_short(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
+        segment = partition.segments[0]
+        log = partition.log_of(0)
+        assert len(log) % CHUNK, "the test needs a short last chunk"
+        counting = CountingRSM(rsm)
+        metrics = RemoteMetrics()
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0,
+                           metrics=metrics.cache("chunk"))
+        count = cache.chunk_count(segment)
+        assert count == -(-len(log) // CHUNK)
+        joined = b"".join([await cache.get(segment, i) for i in range(count)])
+        assert joined == log
+        assert len(await cache.get(segment, count - 1)) == len(log) - (count - 1) * CHUNK
+        # One ranged read per chunk, each exactly the chunk's bytes.
+        assert sorted(counting.range_reads) == [
+            (segment.segment_id.id, i * CHUNK, min((i + 1) * CHUNK, len(log)) - 1) for i in range(count)
+        ]
+        assert _value(metrics, "tierproxy_cache_misses_total") == count
+        assert _value(metrics, "tierproxy_cache_hits_total") == 1
+        assert metrics.value("tierproxy_remote_bytes_in_total", {"topic": segment.topic_id_partition.topic}) == len(log)
+        with pytest.raises(ValueError):
+            await cache.get(segment, count)
+        await cache.close()
+
+
+async def test_concurrent_readers_of_a_cold_chunk_share_one_read(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm, delay_s=0.02)
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
+        chunks = await asyncio.gather(*(cache.get(segment, 2) for _ in range(30)))
+        assert len(counting.range_reads) == 1
+        assert all(c == partition.log_of(0)[2 * CHUNK : 3 * CHUNK] for c in chunks)
+        await cache.close()
+
+
+async def test_a_failed_read_is_not_cached(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm, delay_s=0.01)
+        counting.fail_with = RemoteStorageError("connection reset", retriable=True)
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
+        outcomes = await asyncio.gather(*(cache.get(segment, 0) for _ in range(5)), return_exceptions=True)
+        assert all(isinstance(o, RemoteStorageError) for o in outcomes)
+        assert len(counting.range_reads) == 1 and len(cache) == 0
+        counting.fail_with = None
+        assert await cache.get(segment, 0) == partition.log_of(0)[:CHUNK]
+        assert len(counting.range_reads) == 2
+        await cache.close()
+
+
+async def test_read_ahead_prefetches_the_next_chunks_within_the_segment(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm)
+        metrics = RemoteMetrics()
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=3,
+                           metrics=metrics.cache("chunk"))
+        last = cache.chunk_count(segment) - 1
+        await cache.get(segment, 0)
+        await _wait_idle(cache)
+        assert [(segment.segment_id.id, i) in cache for i in range(5)] == [True, True, True, True, False]
+        assert _value(metrics, "tierproxy_cache_prefetches_total") == 3
+        for i in (1, 2, 3):
+            await cache.get(segment, i, read_ahead=False)
+        assert _value(metrics, "tierproxy_cache_hits_total") == 3
+
+        await cache.get(segment, last - 1)
+        await _wait_idle(cache)
+        assert (segment.segment_id.id, last) in cache
+        starts = [start for _, start, _ in counting.range_reads]
+        assert len(starts) == len(set(starts)), "no chunk was read twice"
+        assert max(starts) == last * CHUNK, "nothing was prefetched past the segment's end"
+        await cache.close()
+
+
+async def test_never_more_than_the_bound_and_demand_evicts_prefetched_chunks_first(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2, batches_per_segment=30)
+        one, two = partition.segments
+        metrics = RemoteMetrics()
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=4 * CHUNK, read_ahead_chunks=1,
+                           metrics=metrics.cache("chunk"))
+        await cache.get(one, 0)  # read: 0; prefetched: 1
+        await _wait_idle(cache)
+        await cache.get(one, 5)  # read: 0, 5; prefetched: 1, 6
+        await _wait_idle(cache)
+        assert cache.total_bytes == 4 * CHUNK
+        # A demand read of another segment makes room by dropping prefetched chunks, oldest first.
+        await cache.get(two, 0, read_ahead=False)
+        assert (one.segment_id.id, 0) in cache and (one.segment_id.id, 5) in cache
+        assert (one.segment_id.id, 1) not in cache and (one.segment_id.id, 6) in cache
+        assert (two.segment_id.id, 0) in cache
+        assert cache.total_bytes <= 4 * CHUNK
+        assert _value(metrics, "tierproxy_cache_evictions_total") == 1
+        assert _value(metrics, "tierproxy_cache_bytes") == cache.total_bytes
+        await cache.close()
+
+
+async def test_prefetch_reserves_room_and_yields_when_there_is_none(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm, delay_s=0.3)
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=4)
+        reader = asyncio.create_task(cache.get(segment, 0))
+        await asyncio.sleep(0.01)
+        # Both slots are reserved by the two prefetches that fit; the bound holds while in flight.
+        assert cache.reserved_bytes == 2 * CHUNK and cache.total_bytes == 2 * CHUNK
+        assert await reader == b"".join(b.data for b in partition.batches)[:CHUNK]
+        await _wait_idle(cache)
+        assert cache.total_bytes <= 2 * CHUNK
+        assert len(counting.range_reads) == 3  # chunk 0 on demand, 1 and 2 ahead; 3 and 4 did not fit
+        await cache.close()
+
+
+async def test_close_cancels_prefetches(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm, delay_s=5)
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=2)
+        reader = asyncio.create_task(cache.get(segment, 0))
+        await asyncio.sleep(0.01)
+        assert len(cache._flight) == 3
+        await asyncio.wait_for(cache.close(), 2)
+        assert len(cache._flight) == 0 and cache.reserved_bytes == 0
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+
+async def test_invalidate_drops_a_segments_chunks(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        one, two = partition.segments
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
+        for segment in (one, two):
+            await cache.get(segment, 0)
+            await cache.get(segment, 1)
+        cache.invalidate(one.segment_id.id)
+        assert len(cache) == 2 and cache.total_bytes == 2 * CHUNK
+        assert (two.segment_id.id, 1) in cache
+        await cache.close()

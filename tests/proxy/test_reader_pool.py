@@ -1,0 +1,165 @@
+"""RemoteLogReaderPool: bounded concurrency, bounded queue, outcomes instead of exceptions,
+and remote.fetch.max.wait.ms; plus the engine wired from the proxy's configuration."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from proxy.config import parse
+from proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from proxy.remote_metrics import RemoteMetrics
+from proxy.remote_read import RemoteReadEngine
+from storage.errors import RemoteStorageError
+from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log
+
+
+class Gate:
+    """Reads that block until released, counting how many run at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.running = 0
+        self.peak = 0
+        self.started = 0
+        self.finished = 0
+
+    async def read(self, value: object = "data") -> object:
+        self.started += 1
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await self.release.wait()
+            self.finished += 1
+            return value
+        finally:
+            self.running -= 1
+
+
+async def test_at_most_threads_run_and_the_rest_wait_in_order() -> None:
+    pool = RemoteLogReaderPool(threads=3, max_pending_tasks=10)
+    gate = Gate()
+    futures = [pool.submit(lambda i=i: gate.read(i)) for i in range(8)]
+    await asyncio.sleep(0.01)
+    assert gate.running == 3 and pool.queue_size == 5 and pool.active == 3
+    assert pool.idle_ratio() == 0.0
+    gate.release.set()
+    outcomes = await asyncio.gather(*futures)
+    assert [o.value for o in outcomes] == list(range(8))
+    assert gate.peak == 3
+    assert pool.queue_size == 0 and pool.idle_ratio() == 1.0
+    await pool.close()
+
+
+async def test_a_full_queue_is_an_immediate_error_not_a_wait() -> None:
+    metrics = RemoteMetrics()
+    pool = RemoteLogReaderPool(threads=2, max_pending_tasks=3, metrics=metrics)
+    gate = Gate()
+    accepted = [pool.submit(gate.read) for _ in range(5)]
+    with pytest.raises(ReaderQueueFull) as raised:
+        pool.submit(gate.read)
+    assert raised.value.retriable
+    outcome = await asyncio.wait_for(pool.read(gate.read, timeout=10, topic="orders"), 1)
+    assert isinstance(outcome.error, ReaderQueueFull) and outcome.value is None
+    assert metrics.value("tierproxy_remote_read_errors_total", {"topic": "orders", "reason": "queue_full"}) == 1
+    assert metrics.value("tierproxy_remote_log_reader_task_queue_size") == 3
+    assert metrics.value("tierproxy_remote_log_reader_avg_idle_percent") == 0.0
+    gate.release.set()
+    await asyncio.gather(*accepted)
+    assert gate.started == 5
+    await pool.close()
+
+
+async def test_errors_come_back_as_outcomes() -> None:
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=1)
+
+    async def failing() -> None:
+        raise RemoteStorageError("store down", retriable=True)
+
+    outcome = await pool.read(failing, timeout=1)
+    assert isinstance(outcome.error, RemoteStorageError) and not outcome.expired
+    assert (await pool.read(lambda: asyncio.sleep(0, "ok"), timeout=1)) == ReadOutcome(value="ok")
+    await pool.close()
+
+
+async def test_expiry_returns_empty_at_once_and_the_running_read_completes_in_the_background() -> None:
+    metrics = RemoteMetrics()
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=5, metrics=metrics)
+    gate = Gate()
+    running = asyncio.create_task(pool.read(gate.read, timeout=0.05, topic="orders"))
+    waiting = asyncio.create_task(pool.read(gate.read, timeout=0.05, topic="orders"))
+    assert await running == ReadOutcome(expired=True)
+    assert await waiting == ReadOutcome(expired=True)
+    assert metrics.value("tierproxy_remote_fetch_expired_total", {"topic": "orders"}) == 2
+    # The running read keeps its reader until it ends; the one that never started never will.
+    assert gate.running == 1 and pool.active == 1 and pool.queue_size == 0
+    gate.release.set()
+    for _ in range(100):
+        if pool.active == 0:
+            break
+        await asyncio.sleep(0.005)
+    assert gate.finished == 1 and gate.started == 1 and pool.active == 0
+    await pool.close()
+
+
+async def test_a_caller_that_goes_away_frees_its_place_in_the_queue() -> None:
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=1)
+    gate = Gate()
+    busy = pool.submit(gate.read)
+    caller = asyncio.create_task(pool.read(gate.read, timeout=None))
+    await asyncio.sleep(0.01)
+    assert pool.queue_size == 1
+    caller.cancel()
+    await asyncio.sleep(0)
+    assert pool.queue_size == 0
+    pool.submit(gate.read).cancel()  # there is room again
+    gate.release.set()
+    assert (await busy).value == "data"
+    await pool.close()
+
+
+async def test_close_cancels_running_and_waiting_reads() -> None:
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
+    gate = Gate()
+    futures = [pool.submit(gate.read) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(pool.close(), 1)
+    assert all(f.cancelled() for f in futures)
+    assert gate.running == 0 and gate.finished == 0
+    with pytest.raises(RuntimeError):
+        pool.submit(gate.read)
+
+
+async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
+    config = parse({
+        "bootstrap.servers": "127.0.0.1:9092",
+        "remote.log.chunk.size.bytes": "4096",
+        "remote.log.chunk.cache.size.bytes": "65536",
+        "remote.log.index.file.cache.total.size.mb": "1",
+        "remote.log.index.cache.dir": str(tmp_path / "index-cache"),
+        "remote.log.reader.threads": "2",
+        "remote.log.reader.max.pending.tasks": "2",
+        "remote.fetch.max.wait.ms": "100",
+    })
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        slow = CountingRSM(rsm)
+        metrics = RemoteMetrics()
+        engine = RemoteReadEngine.from_config(config, slow, rlmm, metrics)
+        await engine.start()
+        assert engine.index_cache.max_bytes == 1 << 20 and engine.chunk_cache.chunk_size == 4096
+        assert engine.fetch_max_wait_s == 0.1
+
+        outcome = await engine.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(outcome.value.records) == partition.log_of(0)
+        assert metrics.value("tierproxy_remote_read_requests_total", {"topic": partition.tp.topic}) == 1
+        assert metrics.value("tierproxy_remote_fetch_bytes_total", {"topic": partition.tp.topic}) == len(
+            partition.log_of(0))
+
+        slow.delay_s = 0.5  # slower than remote.fetch.max.wait.ms
+        second = partition.segments[1].start_offset
+        expired = await engine.read(partition.tp, second, 1 << 20, min_one_batch=True)
+        assert expired == ReadOutcome(expired=True)
+        await engine.close()

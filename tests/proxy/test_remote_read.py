@@ -1,0 +1,397 @@
+"""RemoteLogReader: Kafka's remote fetch over the local-file store, the file metadata store
+and real v2 batches; expected answers come from the batches the test wrote."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+
+from cache.chunk_cache import ChunkCache
+from cache.index_cache import RemoteIndexCache
+from proxy.reader_pool import RemoteLogReaderPool
+from proxy.remote_metrics import RemoteMetrics
+from proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
+from protocol.records import HEADER_SIZE, iter_batches
+from storage.errors import CorruptRemoteSegment, MetadataNotReady
+from storage.indexes.transaction_index import AbortedTxn
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from storage.model import IndexType
+from storage.rsm import ObjectType
+from tests.cache.remote_log import (
+    BASE_TIMESTAMP_MS,
+    CountingRSM,
+    Partition,
+    abort_marker,
+    add_segment,
+    build_partition,
+    commit_marker,
+    local_remote_log,
+    new_tp,
+)
+from tests.helpers.batches import batch
+
+CHUNK = 500
+
+
+def make_reader(
+    rsm,
+    rlmm,
+    *,
+    chunk_size: int = CHUNK,
+    chunk_cache_bytes: int = 1 << 20,
+    index_cache_bytes: int = 1 << 20,
+    read_ahead: int = 2,
+    metrics: RemoteMetrics | None = None,
+) -> RemoteLogReader:
+    metrics = metrics or RemoteMetrics()
+    return RemoteLogReader(
+        rsm,
+        rlmm,
+        RemoteIndexCache(rsm, max_bytes=index_cache_bytes, metrics=metrics.cache("index")),
+        ChunkCache(rsm, chunk_size=chunk_size, max_bytes=chunk_cache_bytes, read_ahead_chunks=read_ahead,
+                   metrics=metrics.cache("chunk")),
+        metrics,
+    )
+
+
+async def close(reader: RemoteLogReader) -> None:
+    await reader.chunk_cache.close()
+    await reader.index_cache.close()
+
+
+def check(result: RemoteReadResult, partition: Partition, fetch_offset: int, max_bytes: int, min_one: bool) -> None:
+    expected = partition.expected(fetch_offset, max_bytes, min_one_batch=min_one)
+    data = b"".join(result.records)
+    assert data == b"".join(b.data for b in expected), (fetch_offset, max_bytes, min_one)
+    assert result.records_size == len(data)
+    assert not result.offset_out_of_range
+    assert result.log_start_offset == partition.log_start_offset
+    assert result.next_fetch_offset == (expected[-1].last_offset + 1 if expected else fetch_offset)
+    assert result.aborted_transactions is None
+
+
+async def test_reads_at_every_offset_return_the_right_batches(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3, batches_per_segment=25)
+        # Small chunks: most reads cross chunk boundaries and many batches straddle them.
+        reader = make_reader(rsm, rlmm, chunk_size=CHUNK)
+        for offset in range(partition.log_start_offset, partition.log_end_offset + 1):
+            for max_bytes, min_one in ((1 << 20, True), (700, True), (700, False), (120, True), (120, False)):
+                result = await reader.read(partition.tp, offset, max_bytes, min_one_batch=min_one)
+                check(result, partition, offset, max_bytes, min_one)
+        await close(reader)
+
+
+async def test_batches_cut_anywhere_by_a_chunk_boundary(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=12)
+        position = sum(len(b.data) for b in partition.batches[:5])
+        # A boundary inside batch 5's size field, its header, just after it, and in its records.
+        for cut in (1, 4, 8, 11, 12, 13, 60, 61, 62, len(partition.batches[5].data) - 1):
+            reader = make_reader(rsm, rlmm, chunk_size=position + cut, read_ahead=0)
+            result = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+            assert b"".join(result.records) == partition.log_of(0), cut
+            start_at_5 = await reader.read(partition.tp, partition.batches[5].base_offset, 1, min_one_batch=True)
+            assert b"".join(start_at_5.records) == partition.batches[5].data, cut
+            await close(reader)
+
+
+async def test_a_read_stays_within_one_segment(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        first, second = partition.segments
+        reader = make_reader(rsm, rlmm)
+        result = await reader.read(partition.tp, first.end_offset, 1 << 20, min_one_batch=True)
+        (last_batch,) = [b for b in partition.batches if b.last_offset == first.end_offset]
+        assert b"".join(result.records) == last_batch.data
+        assert result.next_fetch_offset == second.start_offset
+        assert result.segment.segment_id == first.segment_id
+        follow = await reader.read(partition.tp, result.next_fetch_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(follow.records) == partition.log_of(1)
+        await close(reader)
+
+
+async def test_a_first_batch_above_max_bytes_needs_min_one_batch(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, value_size=900)
+        first = partition.batches[0]
+        assert len(first.data) > 900
+        reader = make_reader(rsm, rlmm)
+        empty = await reader.read(partition.tp, first.base_offset, 500, min_one_batch=False)
+        assert empty.records == [] and not empty.offset_out_of_range
+        assert empty.next_fetch_offset == first.base_offset
+        one = await reader.read(partition.tp, first.base_offset, 500, min_one_batch=True)
+        assert b"".join(one.records) == first.data  # whole, though above max bytes (KIP-74)
+        zero = await reader.read(partition.tp, first.base_offset, 0, min_one_batch=True)
+        assert b"".join(zero.records) == first.data
+        await close(reader)
+
+
+async def test_offsets_outside_the_remote_log_are_out_of_range(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        reader = make_reader(rsm, rlmm)
+        for offset in (0, partition.log_start_offset - 1, partition.log_end_offset + 1):
+            result = await reader.read(partition.tp, offset, 1 << 20, min_one_batch=True)
+            assert result.offset_out_of_range and result.records == []
+            assert result.log_start_offset == partition.log_start_offset
+        unknown = await reader.read(new_tp(), 0, 1 << 20, min_one_batch=True)
+        assert unknown.offset_out_of_range and unknown.log_start_offset == -1
+        await close(reader)
+
+
+async def test_metadata_not_loaded_is_metadata_not_ready(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
+    not_started = FileRemoteLogMetadataManager(tmp_path / "metadata", read_only=True)
+    metrics = RemoteMetrics()
+    async with local_remote_log(tmp_path / "other") as (rsm, _):
+        reader = make_reader(rsm, not_started, metrics=metrics)
+        with pytest.raises(MetadataNotReady):
+            await reader.read(partition.tp, partition.log_start_offset, 1000, min_one_batch=True)
+        assert metrics.value("tierproxy_remote_read_errors_total",
+                             {"topic": partition.tp.topic, "reason": "metadata_not_ready"}) == 1
+        await close(reader)
+
+
+async def test_leader_epoch_keeps_later_epochs_out(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3, epochs=[0, 1, 1])
+        reader = make_reader(rsm, rlmm)
+        in_epoch_0 = partition.segments[0].start_offset + 3
+        in_epoch_1 = partition.segments[1].start_offset + 3
+        for epoch in (-1, 0, 1, 5):
+            result = await reader.read(partition.tp, in_epoch_0, 1000, min_one_batch=True, leader_epoch=epoch)
+            check(result, partition, in_epoch_0, 1000, True)
+        for epoch in (-1, 1, 5):
+            result = await reader.read(partition.tp, in_epoch_1, 1000, min_one_batch=True, leader_epoch=epoch)
+            check(result, partition, in_epoch_1, 1000, True)
+        stale = await reader.read(partition.tp, in_epoch_1, 1000, min_one_batch=True, leader_epoch=0)
+        assert stale.offset_out_of_range
+        await close(reader)
+
+
+async def test_a_truncated_segments_tail_is_never_served(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        second = [b for b in partition.batches if b.segment == 1]
+        cut = second[6].base_offset
+        await rlmm.record_truncation(partition.tp, cut, leader_epoch=2)
+        reader = make_reader(rsm, rlmm)
+        result = await reader.read(partition.tp, second[0].base_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(result.records) == b"".join(b.data for b in second[:6])
+        assert result.next_fetch_offset == cut
+        past = await reader.read(partition.tp, cut, 1 << 20, min_one_batch=True)
+        assert past.offset_out_of_range
+
+        # A cut inside a batch: that batch holds offsets past the end, so it is not served.
+        mid = second[3]
+        assert mid.last_offset > mid.base_offset, "the test needs a batch of several records"
+        await rlmm.record_truncation(partition.tp, mid.base_offset + 1, leader_epoch=3)
+        inside = await reader.read(partition.tp, mid.base_offset, 1 << 20, min_one_batch=True)
+        assert inside.records == [] and not inside.offset_out_of_range
+        before = await reader.read(partition.tp, second[0].base_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(before.records) == b"".join(b.data for b in second[:3])
+        await close(reader)
+
+
+async def test_read_committed_gets_the_aborted_transactions(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = Partition(new_tp())
+        txn = dict(transactional=True, producer_epoch=0)
+        first = [
+            batch(100, 1),
+            batch(101, 2, producer_id=7, **txn),
+            batch(103, 1),
+            batch(104, 1, producer_id=7, **txn),
+            abort_marker(105, 7),
+            batch(106, 2, producer_id=9, **txn),  # aborted in the next segment
+        ]
+        second = [
+            batch(108, 1),
+            abort_marker(109, 9),
+            batch(110, 1, producer_id=11, **txn),
+            commit_marker(111, 11),
+            batch(112, 3),
+        ]
+        await add_segment(rsm, rlmm, partition, first, tmp_path / "work")
+        await add_segment(rsm, rlmm, partition, second, tmp_path / "work")
+        reader = make_reader(rsm, rlmm)
+        committed = IsolationLevel.READ_COMMITTED
+
+        whole_first = await reader.read(partition.tp, 100, 1 << 20, min_one_batch=True, isolation_level=committed)
+        assert b"".join(whole_first.records) == partition.log_of(0)
+        assert sorted(whole_first.aborted_transactions) == [AbortedTxn(7, 101, 105, 106), AbortedTxn(9, 106, 109, 110)]
+        assert whole_first.aborted_transactions_complete
+
+        only_100 = await reader.read(partition.tp, 100, 1, min_one_batch=True, isolation_level=committed)
+        assert only_100.next_fetch_offset == 101 and only_100.aborted_transactions == []
+
+        from_108 = await reader.read(partition.tp, 108, 1 << 20, min_one_batch=True, isolation_level=committed)
+        assert [(t.producer_id, t.first_offset) for t in from_108.aborted_transactions] == [(9, 106)]
+
+        uncommitted = await reader.read(partition.tp, 100, 1 << 20, min_one_batch=True)
+        assert uncommitted.aborted_transactions is None
+        await close(reader)
+
+
+async def test_read_committed_says_when_remote_indexes_cannot_rule_out_later_aborts(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = Partition(new_tp())
+        # A transaction still open where the remote log ends: its marker is in the broker's log.
+        batches = [batch(0, 2), batch(2, 2, producer_id=5, transactional=True, producer_epoch=0), batch(4, 1)]
+        await add_segment(rsm, rlmm, partition, batches, tmp_path / "work")
+        reader = make_reader(rsm, rlmm)
+        result = await reader.read(partition.tp, 0, 1 << 20, min_one_batch=True,
+                                   isolation_level=IsolationLevel.READ_COMMITTED)
+        assert result.aborted_transactions == []
+        assert not result.aborted_transactions_complete
+        await close(reader)
+
+
+async def test_a_corrupt_batch_is_never_served(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        segment = partition.segments[0]
+        victim = partition.batches[12]
+        position = sum(len(b.data) for b in partition.batches[:12])
+        path = rsm.path_of(rsm._key(segment, ObjectType.LOG))
+        stored = bytearray(path.read_bytes())
+        stored[position + HEADER_SIZE + 3] ^= 0x01  # inside the records: only the CRC-32C can tell
+        path.write_bytes(bytes(stored))
+
+        metrics = RemoteMetrics()
+        reader = make_reader(rsm, rlmm, metrics=metrics)
+        corrupt = {"topic": partition.tp.topic, "reason": "corrupt"}
+        before = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(before.records) == b"".join(b.data for b in partition.batches[:12])
+        assert before.next_fetch_offset == victim.base_offset
+        for _ in range(2):  # the retry reads the store again, and fails again
+            with pytest.raises(CorruptRemoteSegment):
+                await reader.read(partition.tp, victim.base_offset, 1 << 20, min_one_batch=True)
+        assert metrics.value("tierproxy_remote_read_errors_total", corrupt) == 2
+        after = await reader.read(partition.tp, victim.last_offset + 1, 1 << 20, min_one_batch=True)
+        assert b"".join(after.records) == b"".join(b.data for b in partition.batches[13:])
+        await close(reader)
+
+
+async def test_concurrent_cold_reads_fetch_each_index_and_chunk_once(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        counting = CountingRSM(rsm, delay_s=0.02)
+        reader = make_reader(counting, rlmm, read_ahead=0)
+        offset = partition.batches[10].base_offset
+        results = await asyncio.gather(*(reader.read(partition.tp, offset, 2000, min_one_batch=True)
+                                         for _ in range(20)))
+        for result in results:
+            check(result, partition, offset, 2000, True)
+        assert [t for _, t in counting.index_reads] == [IndexType.OFFSET]
+        assert len(counting.range_reads) == len(set(counting.range_reads)) >= 2
+        await close(reader)
+
+
+async def test_read_ahead_hides_store_latency_for_a_sequential_reader(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=90)
+        counting = CountingRSM(rsm, delay_s=0.03)  # an object store's first-byte latency
+        metrics = RemoteMetrics()
+        reader = make_reader(counting, rlmm, chunk_size=1000, read_ahead=2, metrics=metrics)
+        chunks = reader.chunk_cache.chunk_count(partition.segments[0])
+        assert chunks >= 12
+        offset, served = partition.log_start_offset, []
+        while offset <= partition.log_end_offset:
+            result = await reader.read(partition.tp, offset, 400, min_one_batch=True)
+            served.extend(result.records)
+            offset = result.next_fetch_offset
+            await asyncio.sleep(0.03)  # the consumer's own work between fetches
+        assert b"".join(served) == partition.log_of(0)
+        waited = metrics.value("tierproxy_cache_misses_total", {"cache": "chunk"})
+        hits = metrics.value("tierproxy_cache_hits_total", {"cache": "chunk"})
+        # Only the start waits on the store; every later chunk was prefetched in time.
+        assert waited <= 3, (waited, hits)
+        assert hits >= chunks - 3
+        starts = [start for _, start, _ in counting.range_reads]
+        assert sorted(starts) == [i * 1000 for i in range(chunks)]  # each chunk read once
+        await close(reader)
+
+
+async def test_timestamps_find_the_first_record_at_or_after(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3, epochs=[0, 0, 2])
+        reader = make_reader(rsm, rlmm)
+        # Record o of a batch based at b has timestamp BASE + 10 * b + (o - b) (tests.cache.remote_log).
+        records = [(BASE_TIMESTAMP_MS + 10 * b.base_offset + (o - b.base_offset), o, b)
+                   for b in partition.batches for o in range(b.base_offset, b.last_offset + 1)]
+
+        def expected(target: int, starting: int = 0):
+            return next(((t, o) for t, o, _ in records if t >= target and o >= starting), None)
+
+        targets = [0, records[0][0], records[0][0] + 1] + [t + d for t, _, _ in records[::7] for d in (-1, 0, 1)]
+        for target in targets:
+            found = await reader.offset_for_timestamp(partition.tp, target)
+            assert (found.timestamp, found.offset) == expected(target), target
+            epoch = 2 if found.offset >= partition.segments[2].start_offset else 0
+            assert found.leader_epoch == epoch
+        assert await reader.offset_for_timestamp(partition.tp, records[-1][0] + 1) is None
+        middle = partition.batches[30].base_offset + 0
+        found = await reader.offset_for_timestamp(partition.tp, 0, starting_offset=middle)
+        assert (found.timestamp, found.offset) == expected(0, middle)
+
+        latest = await reader.max_timestamp(partition.tp)
+        assert (latest.timestamp, latest.offset, latest.leader_epoch) == (records[-1][0], records[-1][1], 2)
+        assert reader.earliest_remote_offset(partition.tp) == (partition.log_start_offset, 0)
+        assert reader.latest_tiered_offset(partition.tp) == (partition.log_end_offset, 2)
+        assert reader.latest_tiered_offset(new_tp()) is None
+        assert await reader.offset_for_timestamp(new_tp(), 0) is None
+        await close(reader)
+
+
+async def test_memory_stays_bounded_with_many_concurrent_replays(tmp_path: Path) -> None:
+    chunk_size, chunk_bound, index_bound = 1000, 6_000, 3_000
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partitions = [
+            await build_partition(rsm, rlmm, tmp_path / "work", tp=new_tp("replay", p), segments=3,
+                                  batches_per_segment=20)
+            for p in range(10)
+        ]
+        counting = CountingRSM(rsm, delay_s=0.002)
+        reader = make_reader(counting, rlmm, chunk_size=chunk_size, chunk_cache_bytes=chunk_bound,
+                             index_cache_bytes=index_bound, read_ahead=2)
+        pool = RemoteLogReaderPool(threads=6, max_pending_tasks=64, metrics=reader.metrics)
+        peaks = {"chunk": 0, "index": 0}
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            while not done.is_set():
+                peaks["chunk"] = max(peaks["chunk"], reader.chunk_cache.total_bytes)
+                peaks["index"] = max(peaks["index"], reader.index_cache.total_bytes)
+                assert reader.chunk_cache.total_bytes <= chunk_bound
+                assert reader.index_cache.total_bytes <= index_bound
+                await asyncio.sleep(0)
+
+        async def replay(partition: Partition, max_bytes: int) -> bytes:
+            offset, served = partition.log_start_offset, []
+            while offset <= partition.log_end_offset:
+                outcome = await pool.read(
+                    lambda: reader.read(partition.tp, offset, max_bytes, min_one_batch=True), timeout=None)
+                assert outcome.error is None and not outcome.expired
+                served.extend(bytes(r) for r in outcome.value.records)
+                offset = outcome.value.next_fetch_offset
+            return b"".join(served)
+
+        sampler = asyncio.create_task(sample())
+        consumers = [(p, size) for p, size in itertools.product(partitions, (300, 900))]
+        replays = await asyncio.gather(*(replay(p, size) for p, size in consumers))
+        done.set()
+        await sampler
+        for (partition, _), data in zip(consumers, replays):
+            assert data == b"".join(b.data for b in partition.batches)
+            assert [h.base_offset for h in iter_batches(data)] == [b.base_offset for b in partition.batches]
+        assert 0 < peaks["chunk"] <= chunk_bound and 0 < peaks["index"] <= index_bound
+        # The bound was tight: chunks were evicted and read again.
+        assert reader.metrics.value("tierproxy_cache_evictions_total", {"cache": "chunk"}) > 0
+        await pool.close()
+        await close(reader)
