@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_status(commands)
     _add_config(commands)
+    _add_serve(commands)
     return parser
 
 
@@ -59,6 +60,12 @@ def _add_config(commands) -> None:
     _config_arguments(actions.add_parser("check", help="validate a file and print the effective configuration"))
     actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations")
     config.set_defaults(run=_lazy("proxy.config_check"))
+
+
+def _add_serve(commands) -> None:
+    serve = commands.add_parser("serve", help="run the proxy until SIGTERM or SIGINT")
+    _config_arguments(serve)
+    serve.set_defaults(run=_lazy("proxy.serve"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,430 @@
+"""One client connection and its own upstream connection to the broker it addressed.
+
+The pairing is 1:1: a client on the bootstrap listener gets a connection to one of
+the bootstrap brokers, a client on node N's listener a connection to node N. SASL
+and ACLs therefore apply to the client's own identity, and correlation ids pass
+through unchanged.
+
+Both sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder. A
+forwarded request is never decoded; its header is peeked for the API key, version
+and correlation id. Responses go back in request order (``ResponseOrderer``).
+Backpressure runs both ways: when one side's write buffer is over its high-water
+mark the other side stops reading until it drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import struct
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from protocol.apis import ApiKey
+from protocol.codecs import encode_response
+from protocol.errors import DecodeError, FrameError, ProtocolError
+from protocol.framing import FrameDecoder, encode_frame
+from protocol.headers import (
+    RequestHeader,
+    encode_response_header,
+    parse_response_header,
+    peek_request_header,
+    read_unsigned_varint,
+    response_header_version,
+    skip_tagged_fields,
+)
+
+from .handlers import ConnectionContext, Interceptor
+from .ordering import ResponseOrderer, ResponseSlot
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from .server import ProxyServer
+
+__all__ = ("ClientConnection", "UpstreamClosed", "produce_acks")
+
+log = logging.getLogger(__name__)
+
+# Write buffers above this stop the other side's reads; a few fetch responses' worth.
+WRITE_HIGH_WATER = 1024 * 1024
+WRITE_LOW_WATER = 256 * 1024
+# Responses are as large as the client's fetch.max.bytes asks; only the int32 bounds them.
+MAX_RESPONSE_BYTES = 2**31 - 1
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_PRODUCE_FIRST_FLEXIBLE = 9
+
+
+class UpstreamClosed(ConnectionError):
+    """The client's upstream connection is gone; a forward() cannot complete."""
+
+
+def produce_acks(body: memoryview, header: RequestHeader) -> int:
+    """``acks`` of a Produce request (v3+): transactional id, then int16 acks.
+
+    acks=0 gets no response from the broker, so no response slot may wait for one.
+    """
+    pos = header.header_size
+    end = len(body)
+    flexible = header.flexible
+    if flexible is None:
+        # A version kio does not know: the header's tagged fields were not skipped.
+        flexible = header.api_version >= _PRODUCE_FIRST_FLEXIBLE
+        if flexible:
+            pos = skip_tagged_fields(body, pos, end)
+    if flexible:
+        length_plus_one, pos = read_unsigned_varint(body, pos, end)
+        pos += max(length_plus_one - 1, 0)
+    else:
+        if pos + 2 > end:
+            raise DecodeError("Produce request ends inside its transactional id")
+        (length,) = _INT16.unpack_from(body, pos)
+        pos += 2 + max(length, 0)
+    if pos + 2 > end:
+        raise DecodeError("Produce request ends before acks")
+    return _INT16.unpack_from(body, pos)[0]
+
+
+class _InFlight:
+    """A request sent upstream whose response is awaited, in send order."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "future", "slot")
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int,
+                 slot: ResponseSlot | None, future: asyncio.Future[memoryview] | None) -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.slot = slot  # pass-through: the response goes to the client as is
+        self.future = future  # an interceptor's forward() waits on it
+
+
+class _Upstream(asyncio.Protocol):
+    """The broker side of one ClientConnection."""
+
+    def __init__(self, owner: ClientConnection) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(MAX_RESPONSE_BYTES)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        _tune(transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as e:
+            self.owner.close(f"bad frame from broker: {e}", level=logging.ERROR)
+            return
+        on_response = self.owner.on_response
+        for body in frames:
+            on_response(body)
+
+    def eof_received(self) -> bool:
+        try:
+            self.decoder.at_eof()
+        except FrameError as e:
+            self.owner.close(f"broker closed the connection inside a frame: {e}", level=logging.WARNING)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"broker closed the connection ({exc})" if exc else "broker closed the connection"
+        self.owner.close(reason, level=logging.INFO, flush=True)
+
+    def pause_writing(self) -> None:
+        self.owner.block_client_reads("upstream write buffer full")
+
+    def resume_writing(self) -> None:
+        self.owner.unblock_client_reads("upstream write buffer full")
+
+
+def _tune(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # Kafka requests and responses are small and latency-bound.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)  # type: ignore[attr-defined]
+
+
+def _as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return [data]
+    return list(data)  # type: ignore[arg-type]
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client of one proxy listener, paired with its own broker connection."""
+
+    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+        self.server = server
+        self.node_id = node_id
+        self.listener = "bootstrap" if node_id is None else f"node-{node_id}"
+        self.peer = "?"
+        self.ctx: ConnectionContext | None = None
+        services = server.services
+        self._interceptors = services.interceptors
+        self._metrics = services.metrics
+        self._decoder = FrameDecoder(services.config["socket.request.max.bytes"])
+        self._client: asyncio.Transport | None = None
+        self._upstream: _Upstream | None = None
+        self._orderer = ResponseOrderer(self._write_client)
+        self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._read_blockers: set[str] = set()
+        # Requests read before the broker connection exists (a transport may deliver
+        # data despite pause_reading() in connection_made).
+        self._early: list[memoryview] | None = []
+        self._closed = False
+
+    # --- client side -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._client = transport  # type: ignore[assignment]
+        _tune(transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._metrics.connections.labels(self.listener).inc()
+        self._metrics.connections_active.labels(self.listener).inc()
+        self.server.connection_opened(self)
+        # Nothing is read until the broker connection exists to forward it to.
+        self.block_client_reads("connecting to broker")
+        self._spawn(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        errors = []
+        for host, port in self.server.upstream_addresses(self.node_id):
+            try:
+                transport, upstream = await self.server.open_upstream(lambda: _Upstream(self), host, port)
+            except (OSError, asyncio.TimeoutError) as e:
+                errors.append(f"{host}:{port}: {e or type(e).__name__}")
+                continue
+            if self._closed:
+                transport.close()
+                return
+            self._upstream = upstream
+            self.ctx = ConnectionContext(
+                peer=self.peer, node_id=self.node_id, broker=(host, port), services=self.server.services)
+            early, self._early = self._early, None
+            for body in early or ():
+                if self._closed:
+                    return
+                self._on_request(body)
+            self.unblock_client_reads("connecting to broker")
+            return
+        self.close("cannot connect to the broker: " + ("; ".join(errors) or "no broker address known"),
+                   level=logging.WARNING)
+
+    def data_received(self, data: bytes) -> None:
+        self._metrics.client_bytes_in.inc(len(data))
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as e:
+            self.close(f"bad frame: {e}", level=logging.WARNING)
+            return
+        if self._early is not None:
+            self._early.extend(frames)
+            return
+        for body in frames:
+            if self._closed:
+                return
+            self._on_request(body)
+
+    def eof_received(self) -> bool:
+        try:
+            self._decoder.at_eof()
+        except FrameError as e:
+            self.close(f"bad frame at end of stream: {e}", level=logging.WARNING)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(f"client connection lost ({exc})" if exc else None, level=logging.INFO)
+
+    def pause_writing(self) -> None:
+        if self._upstream is not None and self._upstream.transport is not None:
+            self._upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._upstream is not None and self._upstream.transport is not None and not self._closed:
+            self._upstream.transport.resume_reading()
+
+    def block_client_reads(self, reason: str) -> None:
+        if not self._read_blockers and self._client is not None and not self._closed:
+            self._client.pause_reading()
+        self._read_blockers.add(reason)
+
+    def unblock_client_reads(self, reason: str) -> None:
+        self._read_blockers.discard(reason)
+        if not self._read_blockers and self._client is not None and not self._closed:
+            self._client.resume_reading()
+
+    # --- requests ----------------------------------------------------------------------
+
+    def _on_request(self, body: memoryview) -> None:
+        try:
+            header = peek_request_header(body)
+            # acks=0: the broker sends no response, so none may be waited for.
+            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+                self._metrics.forwarded(header.api_key)
+                self._send_upstream(encode_frame(body), None)
+                return
+        except ProtocolError as e:
+            self.close(f"malformed request: {e}", level=logging.WARNING)
+            return
+        slot = self._orderer.reserve(header.api_key, header.correlation_id)
+        interceptor = self._interceptors.lookup(header.api_key, header.api_version)
+        if interceptor is None:
+            self._metrics.forwarded(header.api_key)
+            self._send_upstream(
+                encode_frame(body), _InFlight(header.correlation_id, header.api_key, header.api_version, slot, None))
+        else:
+            self._metrics.intercepted(header.api_key)
+            self._spawn(self._intercept(interceptor, header, body, slot))
+
+    async def _intercept(
+        self, interceptor: Interceptor, header: RequestHeader, body: memoryview, slot: ResponseSlot
+    ) -> None:
+        assert self.ctx is not None, "requests are handled only once the broker connection exists"
+        try:
+            response = await interceptor.handle(self.ctx, header, body, self.forward)
+            parts = self._response_frame(header, response)
+        except UpstreamClosed:
+            return  # the connection is closing; its log line says why
+        except Exception as e:
+            log.exception("client %s (%s): %r failed on %s v%d (correlation id %d)", self.peer, self.listener,
+                          interceptor, _api(header.api_key), header.api_version, header.correlation_id)
+            self.close(f"{type(interceptor).__name__} failed: {type(e).__name__}: {e}", level=logging.ERROR)
+            return
+        if not self._closed:
+            self._orderer.complete(slot, parts)
+
+    def _response_frame(self, header: RequestHeader, response: Any) -> list[Buffer]:
+        if hasattr(response, "__api_key__"):  # a kio response object
+            if (response.__api_key__, response.__version__) != (header.api_key, header.api_version):
+                raise TypeError(f"{type(response).__name__} v{response.__version__} answers "
+                                f"{_api(header.api_key)} v{header.api_version}")
+            return encode_frame(encode_response(response, header.correlation_id))
+        header_version = response_header_version(header.api_key, header.api_version)
+        if header_version is None:
+            raise TypeError(f"no response header version for {_api(header.api_key)} v{header.api_version}")
+        return encode_frame(encode_response_header(header.correlation_id, header_version), *_as_parts(response))
+
+    async def forward(self, request: Buffer | Sequence[Buffer]) -> memoryview:
+        """Send a request frame body upstream; return the broker's response payload."""
+        if self._closed:
+            raise UpstreamClosed(f"connection of client {self.peer} is closed")
+        parts = _as_parts(request)
+        try:
+            header = peek_request_header(parts[0])
+        except DecodeError:
+            header = peek_request_header(b"".join(parts))  # the header spans parts
+        future: asyncio.Future[memoryview] = asyncio.get_running_loop().create_future()
+        self._send_upstream(
+            encode_frame(*parts), _InFlight(header.correlation_id, header.api_key, header.api_version, None, future))
+        return await future
+
+    def _send_upstream(self, parts: list[Buffer], in_flight: _InFlight | None) -> None:
+        upstream = self._upstream
+        assert upstream is not None and upstream.transport is not None
+        if in_flight is not None:
+            self._in_flight.append(in_flight)
+        upstream.transport.writelines(parts)
+
+    # --- responses ---------------------------------------------------------------------
+
+    def on_response(self, body: memoryview) -> None:
+        if self._closed:
+            return
+        if not self._in_flight:
+            self.close("broker sent a response to no request", level=logging.ERROR)
+            return
+        in_flight = self._in_flight.popleft()
+        if len(body) < 4:
+            self.close(f"broker sent a {len(body)}-byte response", level=logging.ERROR)
+            return
+        (correlation_id,) = _INT32.unpack_from(body, 0)
+        if correlation_id != in_flight.correlation_id:
+            self.close(f"broker answered correlation id {correlation_id}, expected {in_flight.correlation_id} "
+                       f"({_api(in_flight.api_key)})", level=logging.ERROR)
+            return
+        if in_flight.slot is not None:
+            self._orderer.complete(in_flight.slot, encode_frame(body))
+            return
+        future = in_flight.future
+        assert future is not None
+        if future.done():
+            return
+        try:
+            header_version = response_header_version(in_flight.api_key, in_flight.api_version)
+            if header_version is None:
+                raise DecodeError(f"no response header version for {_api(in_flight.api_key)} "
+                                  f"v{in_flight.api_version}")
+            _, offset = parse_response_header(body, header_version)
+        except ProtocolError as e:
+            future.set_exception(e)
+            return
+        future.set_result(body[offset:])
+
+    def _write_client(self, parts: Sequence[Buffer]) -> None:
+        if self._client is None or self._closed:
+            return
+        self._metrics.client_bytes_out.inc(sum(len(part) for part in parts))  # type: ignore[arg-type]
+        self._client.writelines(parts)
+
+    # --- closing -----------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self, reason: str | None = None, *, level: int = logging.INFO, flush: bool = False) -> None:
+        """Close both sides. ``flush`` lets the client read what was already written to
+        it (a broker's last answer, e.g. a failed authentication); a bad frame aborts."""
+        if self._closed:
+            return
+        self._closed = True
+        if reason is not None:
+            log.log(level, "client %s (%s): closing: %s", self.peer, self.listener, reason)
+        self._metrics.connections_active.labels(self.listener).dec()
+        self._metrics.connections_closed.labels(_reason_label(reason, level)).inc()
+        self.server.connection_closed(self)
+        self._orderer.clear()
+        error = UpstreamClosed(reason or "client closed the connection")
+        while self._in_flight:
+            future = self._in_flight.popleft().future
+            if future is not None and not future.done():
+                future.set_exception(error)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        if self._upstream is not None and self._upstream.transport is not None:
+            self._upstream.transport.close()
+        if self._client is not None:
+            if flush or level <= logging.INFO:
+                self._client.close()
+            else:
+                self._client.abort()
+
+
+def _reason_label(reason: str | None, level: int) -> str:
+    if reason is None or level <= logging.INFO:
+        return "closed"
+    if reason.startswith(("bad frame", "malformed")):
+        return "bad_request"
+    if reason.startswith("cannot connect"):
+        return "broker_unreachable"
+    return "error"
+
+
+def _api(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name
+    except ValueError:
+        return f"api key {api_key}"

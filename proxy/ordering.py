@@ -1,0 +1,83 @@
+"""Responses go back to a client in the order of its requests.
+
+Kafka clients match a response to the oldest in-flight request of the connection, so
+a response the proxy finishes late (an intercepted Fetch waiting on remote storage)
+must hold back every younger one. Like kroxylicious' ResponseOrderer: each request
+that expects a response reserves a slot at the tail of a deque; a slot is filled
+when its response is ready; the filled slots at the head are written, in order.
+A response whose slot is already at the head (the usual pass-through case) is
+written straight away without being stored.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ("ResponseOrderer", "ResponseSlot")
+
+
+class ResponseSlot:
+    """The place of one response in the connection's response order."""
+
+    __slots__ = ("api_key", "correlation_id", "parts")
+
+    def __init__(self, api_key: int, correlation_id: int) -> None:
+        self.api_key = api_key
+        self.correlation_id = correlation_id
+        self.parts: Sequence[Buffer] | None = None
+
+    def __repr__(self) -> str:
+        state = "ready" if self.parts is not None else "waiting"
+        return f"ResponseSlot(api_key={self.api_key}, correlation_id={self.correlation_id}, {state})"
+
+
+class ResponseOrderer:
+    """Holds finished responses until every older one went out.
+
+    ``write`` receives the parts of one whole response frame (size prefix included)
+    and must not fail; it is the client transport's ``writelines``.
+    """
+
+    __slots__ = ("_slots", "_write")
+
+    def __init__(self, write: Callable[[Sequence[Buffer]], None]) -> None:
+        self._write = write
+        self._slots: collections.deque[ResponseSlot] = collections.deque()
+
+    def __len__(self) -> int:
+        """Responses owed to the client."""
+        return len(self._slots)
+
+    def reserve(self, api_key: int, correlation_id: int) -> ResponseSlot:
+        slot = ResponseSlot(api_key, correlation_id)
+        self._slots.append(slot)
+        return slot
+
+    def complete(self, slot: ResponseSlot, parts: Sequence[Buffer]) -> None:
+        """The response of ``slot`` is ready; write it and any ready ones behind it."""
+        slots = self._slots
+        if slots and slots[0] is slot:
+            slots.popleft()
+            self._write(parts)
+            self._flush()
+            return
+        if slot.parts is not None:
+            raise RuntimeError(f"{slot!r} completed twice")
+        slot.parts = parts
+
+    def _flush(self) -> None:
+        slots = self._slots
+        while slots and slots[0].parts is not None:
+            slot = slots.popleft()
+            parts, slot.parts = slot.parts, None
+            self._write(parts)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        """The connection closed: nothing more is owed."""
+        self._slots.clear()

@@ -1,0 +1,208 @@
+"""The proxy's listeners: one bootstrap port, and one port per broker node.
+
+Clients bootstrap on ``proxy.bootstrap.port``; the addresses in the responses they
+get name node N as ``proxy.advertised.host:(proxy.broker.port.base + N)``. The
+proxy learns the nodes from Metadata (its own query at start-up, then every
+response that names brokers) and opens a node's listener before any client is told
+about it. Each accepted client gets its own ClientConnection and broker connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from collections.abc import Callable
+from typing import Any
+
+from kio.schema.metadata.v12.request import MetadataRequest
+
+from protocol.errors import ProtocolError
+
+from .client_connection import ClientConnection
+from .config import Config
+from .handlers import InterceptorRegistry, ProxyServices
+from .kafka_connection import KafkaConnection, KafkaConnectionError
+from .metrics import ProxyMetrics
+from .tls import broker_ssl_context, listener_ssl_context
+
+__all__ = ("ProxyServer", "parse_host_port")
+
+log = logging.getLogger(__name__)
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class ProxyServer:
+    """Listeners, the broker node directory, and the open client connections."""
+
+    def __init__(self, config: Config, interceptors: InterceptorRegistry | None = None,
+                 metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.services = ProxyServices(
+            config=config,
+            metrics=metrics if metrics is not None else ProxyMetrics(),
+            nodes=self,
+            interceptors=interceptors if interceptors is not None else InterceptorRegistry(),
+        )
+        self._listener_ssl = listener_ssl_context(config)
+        self._broker_ssl = broker_ssl_context(config)
+        self._host: str = config["proxy.listener.host"]
+        self._advertised_host: str = config["proxy.advertised.host"] or self._host
+        self._port_base: int = config["proxy.broker.port.base"]
+        self._connect_timeout = config["broker.connection.setup.timeout.ms"] / 1000
+        self._bootstrap = [parse_host_port(a) for a in config["bootstrap.servers"]]
+        self._next_bootstrap = 0
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._servers: dict[int | None, asyncio.Server] = {}
+        self._listen_lock = asyncio.Lock()
+        self._connections: set[ClientConnection] = set()
+        self._started = False
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, *, discover: bool = True) -> None:
+        """Start the interceptors and the bootstrap listener; with ``discover``, also
+        ask a broker for the cluster's nodes and open their listeners."""
+        await self.services.interceptors.start()
+        self._started = True
+        self._servers[None] = await self._listen(None, self.config["proxy.bootstrap.port"])
+        if discover:
+            await self._discover()
+
+    async def close(self) -> None:
+        servers = list(self._servers.values())
+        self._servers.clear()
+        for server in servers:
+            server.close()
+        for connection in list(self._connections):
+            connection.close("the proxy is shutting down", flush=True)
+        for server in servers:
+            await server.wait_closed()
+        if self._started:
+            self._started = False
+            await self.services.interceptors.close()
+
+    async def __aenter__(self) -> ProxyServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- addresses ---------------------------------------------------------------------
+
+    @property
+    def bootstrap_address(self) -> tuple[str, int]:
+        """(host, port) clients bootstrap on."""
+        return self._advertised_host, self._bound_port(None)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        host, port = self.bootstrap_address
+        return f"{host}:{port}"
+
+    @property
+    def brokers(self) -> dict[int, tuple[str, int]]:
+        """Broker node id -> the broker's own (host, port), as learned."""
+        return dict(self._brokers)
+
+    @property
+    def node_listeners(self) -> dict[int, tuple[str, int]]:
+        """Broker node id -> the proxy's (host, port) listening for it."""
+        return {node_id: (self._advertised_host, self._bound_port(node_id))
+                for node_id in self._servers if node_id is not None}
+
+    def advertised(self, node_id: int) -> tuple[str, int]:
+        port = self._port_base + node_id
+        if node_id < 0 or port > 65535:
+            raise ValueError(f"broker node {node_id} has no proxy port: proxy.broker.port.base={self._port_base} "
+                             f"+ {node_id} is not a TCP port")
+        return self._advertised_host, port
+
+    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        advertised = self.advertised(node_id)
+        if self._brokers.get(node_id) != (host, port):
+            if node_id in self._brokers:
+                log.info("broker node %d moved from %s:%d to %s:%d", node_id, *self._brokers[node_id], host, port)
+            self._brokers[node_id] = (host, port)
+        if node_id not in self._servers:
+            async with self._listen_lock:
+                if node_id not in self._servers and self._started:
+                    self._servers[node_id] = await self._listen(node_id, advertised[1])
+        return advertised
+
+    def upstream_addresses(self, node_id: int | None) -> list[tuple[str, int]]:
+        """Where a client of this listener is connected: node N, or any bootstrap broker
+        (each connection starts at the next one, so one dead broker does not stick)."""
+        if node_id is not None:
+            address = self._brokers.get(node_id)
+            return [address] if address is not None else []
+        start = self._next_bootstrap
+        self._next_bootstrap = (start + 1) % len(self._bootstrap)
+        return self._bootstrap[start:] + self._bootstrap[:start]
+
+    async def open_upstream(self, factory: Callable[[], Any], host: str, port: int) -> tuple[Any, Any]:
+        loop = asyncio.get_running_loop()
+        server_hostname = host if self._broker_ssl is not None else None
+        return await asyncio.wait_for(
+            loop.create_connection(factory, host, port, ssl=self._broker_ssl, server_hostname=server_hostname),
+            self._connect_timeout,
+        )
+
+    # --- connections -------------------------------------------------------------------
+
+    def connection_opened(self, connection: ClientConnection) -> None:
+        self._connections.add(connection)
+
+    def connection_closed(self, connection: ClientConnection) -> None:
+        self._connections.discard(connection)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _bound_port(self, node_id: int | None) -> int:
+        return self._servers[node_id].sockets[0].getsockname()[1]
+
+    async def _listen(self, node_id: int | None, port: int) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        name = "bootstrap" if node_id is None else f"broker node {node_id}"
+        try:
+            server = await loop.create_server(
+                lambda: ClientConnection(self, node_id), self._host, port,
+                ssl=self._listener_ssl, reuse_address=True, start_serving=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot open the {name} listener on {self._host}:{port}: {e.strerror}") from e
+        log.info("listening for %s on %s:%d%s", name, self._host, server.sockets[0].getsockname()[1],
+                 " (TLS)" if self._listener_ssl is not None else "")
+        return server
+
+    async def _discover(self) -> None:
+        """Open every node's listener up front, so clients holding metadata from before a
+        restart can reconnect. Best effort: a broker that wants SASL first refuses it,
+        and then the nodes are learned from the clients' own Metadata."""
+        for host, port in self._bootstrap:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=self._broker_ssl,
+                                            server_hostname=host if self._broker_ssl else None),
+                    self._connect_timeout)
+                async with KafkaConnection(reader, writer, client_id="tierproxy") as connection:
+                    response = await connection.request(
+                        MetadataRequest(topics=(), allow_auto_topic_creation=False,
+                                        include_topic_authorized_operations=False),
+                        timeout=self._connect_timeout)
+            except (OSError, asyncio.TimeoutError, ProtocolError, KafkaConnectionError) as e:
+                log.info("no broker list from %s:%d (%s); learning nodes from client traffic", host, port, e)
+                continue
+            for broker in response.brokers:
+                await self.learn(broker.node_id, broker.host, broker.port)
+            return

@@ -1,0 +1,181 @@
+"""Responses reach the client in request order, even when an intercepted one finishes
+late. The upstream here is a small fake broker (it answers in order, after a delay,
+as Kafka does); the proxy code is the real one, on asyncio and on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from protocol.apis import ApiKey
+from protocol.framing import FrameDecoder, encode_frame
+from protocol.headers import encode_request_header, peek_request_header
+from proxy.client_connection import produce_acks
+from proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
+from proxy.metrics import ProxyMetrics
+from proxy.ordering import ResponseOrderer
+from proxy.server import ProxyServer, parse_host_port
+from tests.proxy.test_passthrough import proxy_config
+
+RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+
+
+def test_orderer_holds_younger_responses_until_older_ones_went_out():
+    written: list[Any] = []
+    orderer = ResponseOrderer(written.append)
+    first, second, third = (orderer.reserve(0, i) for i in (1, 2, 3))
+    orderer.complete(third, ["c"])
+    orderer.complete(second, ["b"])
+    assert written == [] and len(orderer) == 3
+    orderer.complete(first, ["a"])
+    assert written == [["a"], ["b"], ["c"]] and len(orderer) == 0
+    fourth = orderer.reserve(0, 4)
+    orderer.complete(fourth, ["d"])  # at the head: written at once
+    assert written[-1] == ["d"]
+
+
+class FakeBroker(asyncio.Protocol):
+    """Answers every request, in order, with its correlation id and ``answer-<id>``,
+    each after ``delay`` seconds; Produce with acks=0 gets no answer, as in Kafka."""
+
+    delay = 0.05
+    seen: list[int]
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.decoder = FrameDecoder()
+        self.queue: asyncio.Queue[int] = asyncio.Queue()
+        self.task = asyncio.get_running_loop().create_task(self._answer())
+
+    def data_received(self, data: bytes) -> None:
+        for body in self.decoder.feed(data):
+            header = peek_request_header(body)
+            FakeBroker.seen.append(header.correlation_id)
+            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+                continue
+            self.queue.put_nowait(header.correlation_id)
+
+    async def _answer(self) -> None:
+        while True:
+            correlation_id = await self.queue.get()
+            await asyncio.sleep(self.delay)
+            self.transport.writelines(encode_frame(struct.pack(">i", correlation_id), b"answer-%d" % correlation_id))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.task.cancel()
+
+
+class SlowListOffsets(Interceptor):
+    """Forwards, then takes a long time (as a remote read would) before answering."""
+
+    api_key = ApiKey.LIST_OFFSETS
+    versions = range(1, 2)
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    async def handle(self, ctx: ConnectionContext, header: Any, frame_body: memoryview, forward: Forward) -> Any:
+        if self.fail:
+            raise RuntimeError("remote storage exploded")
+        payload = await forward(frame_body)
+        await asyncio.sleep(0.3)
+        ctx.state["handled"] = ctx.state.get("handled", 0) + 1
+        return [b"slow:", bytes(payload)]
+
+
+def _request(api_key: int, version: int, correlation_id: int, payload: bytes = b"") -> list[bytes]:
+    return encode_frame(encode_request_header(api_key, version, correlation_id, "ordering-test", 1), payload)
+
+
+def _produce_v3(correlation_id: int, acks: int) -> list[bytes]:
+    # transactional id null, acks, timeout, no topics
+    return _request(ApiKey.PRODUCE, 3, correlation_id, struct.pack(">hhii", -1, acks, 1000, 0))
+
+
+async def _read_responses(reader: asyncio.StreamReader, count: int) -> list[bytes]:
+    decoder = FrameDecoder()
+    out: list[bytes] = []
+    while len(out) < count:
+        data = await asyncio.wait_for(reader.read(65536), 10)
+        assert data, f"connection closed after {out}"
+        out.extend(bytes(body) for body in decoder.feed(data))
+    return out
+
+
+def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], interceptor: Interceptor,
+                      body: Callable[[ProxyServer], Coroutine[Any, Any, None]]) -> None:
+    FakeBroker.seen = []
+
+    async def main() -> None:
+        broker = await asyncio.get_running_loop().create_server(FakeBroker, "127.0.0.1", 0)
+        port = broker.sockets[0].getsockname()[1]
+        config = proxy_config(f"127.0.0.1:{port}", 1)
+        server = ProxyServer(config, InterceptorRegistry([interceptor]), ProxyMetrics())
+        try:
+            await server.start(discover=False)  # the fake broker knows no Metadata
+            await body(server)
+        finally:
+            await server.close()
+            broker.close()
+            await broker.wait_closed()
+
+    run(main())
+
+
+@RUNNERS
+def test_responses_come_back_in_request_order(run):
+    async def body(server: ProxyServer) -> None:
+        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
+        try:
+            # One write: the intercepted request and the pass-through ones behind it
+            # arrive together, so the pass-through ones reach the broker first.
+            writer.writelines([
+                *_request(ApiKey.LIST_OFFSETS, 1, 1),
+                *_request(ApiKey.METADATA, 1, 2),
+                *_produce_v3(3, acks=0),  # no response
+                *_request(ApiKey.METADATA, 1, 4),
+                *_request(ApiKey.LIST_OFFSETS, 1, 5),
+                *_request(ApiKey.METADATA, 1, 6),
+            ])
+            responses = await _read_responses(reader, 5)
+        finally:
+            writer.close()
+        assert responses == [
+            struct.pack(">i", 1) + b"slow:answer-1",
+            struct.pack(">i", 2) + b"answer-2",
+            struct.pack(">i", 4) + b"answer-4",
+            struct.pack(">i", 5) + b"slow:answer-5",
+            struct.pack(">i", 6) + b"answer-6",
+        ]
+        # The broker did see the pass-through requests before the intercepted one's forward.
+        assert FakeBroker.seen.index(2) < FakeBroker.seen.index(1)
+
+    _with_fake_broker(run, SlowListOffsets(), body)
+
+
+@RUNNERS
+def test_failing_interceptor_closes_only_its_connection(run, caplog):
+    async def body(server: ProxyServer) -> None:
+        host, port = parse_host_port(server.bootstrap_servers)
+        bad_reader, bad_writer = await asyncio.open_connection(host, port)
+        good_reader, good_writer = await asyncio.open_connection(host, port)
+        try:
+            bad_writer.writelines(_request(ApiKey.LIST_OFFSETS, 1, 1))
+            with pytest.raises((AssertionError, ConnectionResetError)):
+                await _read_responses(bad_reader, 1)
+            good_writer.writelines(_request(ApiKey.METADATA, 1, 9))
+            assert await _read_responses(good_reader, 1) == [struct.pack(">i", 9) + b"answer-9"]
+        finally:
+            bad_writer.close()
+            good_writer.close()
+
+    with caplog.at_level(logging.ERROR, logger="proxy"):
+        _with_fake_broker(run, SlowListOffsets(fail=True), body)
+    assert any("remote storage exploded" in r.getMessage() for r in caplog.records)
