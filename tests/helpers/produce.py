@@ -85,7 +85,8 @@ def produce_transactions(
                 raise RuntimeError(f"delivery failed: {err}")
             delivered.append(
                 ProducedRecord(
-                    msg.partition(), msg.offset(), msg.key(), msg.value(), tuple(msg.headers() or ()),
+                    # Delivery reports carry no headers: record the ones sent.
+                    msg.partition(), msg.offset(), msg.key(), msg.value(), (("txn", _outcome.encode()),),
                     msg.timestamp()[1], _outcome == "commit", _source,
                 )
             )

@@ -1,0 +1,574 @@
+"""`spark.read.format("tierproxy")`: a Spark data source over the remote tier's segments.
+
+Reads COPY_SEGMENT_FINISHED segments straight from remote storage, one Spark
+partition per segment, with the schema of Spark's own Kafka source:
+
+    key binary, value binary, topic string, partition int, offset long,
+    timestamp timestamp, timestampType int, headers array<struct<key string, value binary>>
+
+Options:
+- `topic` (required); `partitions`: "0,2" (default: every partition with remote data).
+- `startingOffsets` / `endingOffsets`: "earliest", "latest", an offset for every
+  partition, or Spark's JSON `{"topic": {"0": 23}}` (-2 earliest, -1 latest).
+  Starting is inclusive, ending exclusive; both are clamped to the remote log.
+- `startingTimestamp` / `endingTimestamp` (ms): records with startingTimestamp <=
+  timestamp < endingTimestamp. Spark's Kafka source turns a timestamp into an offset
+  with ListOffsets; record timestamps need not grow with offsets, so here each record
+  is tested. Segments whose max timestamp is below startingTimestamp are not read.
+- `isolation.level`: `read_uncommitted` (default) or `read_committed`. Control batches
+  are never returned. read_committed leaves out records of aborted transactions and
+  stops, as a Kafka read_committed consumer does at the last stable offset, before the
+  first transaction still open at the end of the remote log.
+- `config`: a tierproxy `.properties` file. Any configuration key given as an option
+  (`remote.log.storage.backend`, `remote.log.storage.local.dir`, ...) overrides it.
+
+The driver lists segments from the metadata manager and, for read_committed, reads the
+transaction indexes (an aborted transaction's marker may be in a later segment than its
+data) and the last segment's producer snapshot. Each task streams its segment from the
+remote storage manager batch by batch and hands Spark Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import javaproperties
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from protocol.records import BatchHeader, read_batch_header
+from proxy.config import Config, ConfigError, parse
+from storage.errors import RemoteResourceNotFound
+from storage.factory import remote_log_metadata_manager, remote_storage_manager
+from storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
+from storage.metadata import RemoteLogMetadataManager
+from storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
+from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from storage.rsm import RemoteStorageManager
+
+from .records import RecordDecodeError, batch_records
+
+NAME = "tierproxy"
+
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))),
+    ]
+)
+# What Spark checks a returned Arrow batch against (its data source worker uses UTC).
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+
+# Spark's Kafka source's JSON offsets: -2 the earliest offset, -1 the latest.
+EARLIEST = -2
+LATEST = -1
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
+
+# Option names are lower case: Spark hands data sources a case-insensitive map with lowered keys.
+_OPTIONS = {
+    "config",
+    "topic",
+    "partitions",
+    "startingoffsets",
+    "endingoffsets",
+    "startingtimestamp",
+    "endingtimestamp",
+    "isolation.level",
+}
+_METADATA_READY_TIMEOUT_S = 60.0
+# An Arrow batch handed to Spark: at most this many rows or about this many key + value bytes.
+_ARROW_BATCH_ROWS = 8192
+_ARROW_BATCH_BYTES = 16 << 20
+
+
+class OptionError(ValueError):
+    """A data source option is missing or wrong; the message names it."""
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetBounds:
+    """startingOffsets / endingOffsets: an offset (or EARLIEST / LATEST) per partition."""
+
+    default: int
+    per_partition: Mapping[int, int] = field(default_factory=dict)
+
+    def resolve(self, partition: int, log_start: int, log_end: int) -> int:
+        """The bound for `partition` of a remote log holding [log_start, log_end)."""
+        offset = self.per_partition.get(partition, self.default)
+        if offset == EARLIEST:
+            return log_start
+        if offset == LATEST:
+            return log_end
+        return min(max(offset, log_start), log_end)
+
+
+def parse_offsets(name: str, text: str | None, topic: str, default: int) -> OffsetBounds:
+    if text is None:
+        return OffsetBounds(default)
+    text = text.strip()
+    if text.lower() == "earliest":
+        return OffsetBounds(EARLIEST)
+    if text.lower() == "latest":
+        return OffsetBounds(LATEST)
+    if text.lstrip("-").isdigit():
+        return OffsetBounds(_offset(name, int(text)))
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise OptionError(f"{name}={text!r}: must be earliest, latest, an offset or JSON like "
+                          f'{{"{topic}": {{"0": 23}}}}') from None
+    if not isinstance(parsed, dict) or any(not isinstance(v, dict) for v in parsed.values()):
+        raise OptionError(f'{name}={text!r}: JSON offsets must look like {{"{topic}": {{"0": 23}}}}')
+    others = sorted(set(parsed) - {topic})
+    if others:
+        raise OptionError(f"{name}={text!r}: names topics {others}, but the topic read is {topic!r}")
+    per_partition = {}
+    for partition, offset in parsed.get(topic, {}).items():
+        try:
+            per_partition[int(partition)] = _offset(name, int(offset))
+        except (TypeError, ValueError):
+            raise OptionError(f"{name}={text!r}: partition {partition!r} offset {offset!r} is not an integer") from None
+    return OffsetBounds(default, per_partition)
+
+
+def _offset(name: str, offset: int) -> int:
+    if offset < EARLIEST:
+        raise OptionError(f"{name}: offset {offset} is invalid (-2 earliest, -1 latest, or >= 0)")
+    return offset
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    topic: str
+    partitions: frozenset[int] | None
+    starting_offsets: OffsetBounds
+    ending_offsets: OffsetBounds
+    starting_timestamp: int | None
+    ending_timestamp: int | None
+    read_committed: bool
+    #: The configuration as properties text, parsed again where it is used (executors included).
+    config: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        options = {k.lower(): v for k, v in options.items()}
+        topic = (options.get("topic") or "").strip()
+        if not topic:
+            raise OptionError("option topic is required: the Kafka topic to read")
+        partitions = None
+        if options.get("partitions", "").strip():
+            try:
+                partitions = frozenset(int(p) for p in options["partitions"].split(",") if p.strip())
+            except ValueError:
+                raise OptionError(f"partitions={options['partitions']!r}: must be partition numbers like 0,2") from None
+        isolation = options.get("isolation.level", READ_UNCOMMITTED).strip().lower()
+        if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+            raise OptionError(f"isolation.level={isolation!r}: must be {READ_UNCOMMITTED} or {READ_COMMITTED}")
+        return cls(
+            topic=topic,
+            partitions=partitions,
+            starting_offsets=parse_offsets("startingOffsets", options.get("startingoffsets"), topic, EARLIEST),
+            ending_offsets=parse_offsets("endingOffsets", options.get("endingoffsets"), topic, LATEST),
+            starting_timestamp=_timestamp("startingTimestamp", options.get("startingtimestamp")),
+            ending_timestamp=_timestamp("endingTimestamp", options.get("endingtimestamp")),
+            read_committed=isolation == READ_COMMITTED,
+            config=read_config(options).raw(),
+        )
+
+
+def _timestamp(name: str, text: str | None) -> int | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise OptionError(f"{name}={text!r}: must be a timestamp in milliseconds") from None
+
+
+def read_config(options: Mapping[str, str]) -> Config:
+    """The `config` file with every other non-source option on top, as configuration keys."""
+    properties: dict[str, str] = {}
+    path = options.get("config")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                properties = dict(javaproperties.load(f))
+        except OSError as e:
+            raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+    properties.update({k: v for k, v in options.items() if k not in _OPTIONS})
+    # Reading remote segments needs no broker, unless the metadata lives in a topic.
+    properties.setdefault("bootstrap.servers", "")
+    try:
+        config = parse(properties, source=path or "<options>")
+    except ConfigError as e:
+        raise ConfigError(f"{path or 'options'}: {e}") from None
+    if config["remote.log.metadata.backend"] == "topic" and not config["bootstrap.servers"]:
+        raise ConfigError("bootstrap.servers is required with remote.log.metadata.backend=topic")
+    return config
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class SegmentSlice(InputPartition):
+    """One Spark partition: offsets [first_offset, end_offset) of one remote segment."""
+
+    segment: RemoteLogSegmentMetadata
+    first_offset: int
+    end_offset: int
+    #: read_committed: aborted transactions overlapping the slice (empty otherwise).
+    aborted: tuple[AbortedTxn, ...] = ()
+
+
+async def plan_slices(options: ReadOptions) -> list[SegmentSlice]:
+    config = parse(options.config)
+    with tempfile.TemporaryDirectory(prefix="tierproxy-read-") as scratch:
+        async with _metadata_manager(config, scratch) as rlmm:
+            if config["remote.log.metadata.backend"] == "topic":
+                await _wait_for_topic_metadata(rlmm, config, options.topic)
+            partitions = await _topic_partitions(rlmm, options)
+            plans = [(tp, _finished_segments(rlmm, tp)) for tp in partitions]
+    slices: list[SegmentSlice] = []
+    async with remote_storage_manager(config) as rsm:
+        for tp, pieces in plans:
+            if pieces:
+                slices += await _partition_slices(rsm, tp.partition, pieces, options)
+    return slices
+
+
+def _metadata_manager(config: Config, scratch: str) -> RemoteLogMetadataManager:
+    if config["remote.log.metadata.backend"] == "file":
+        # A reader never creates the file: a wrong directory would read as "nothing tiered".
+        directory = config["remote.log.metadata.dir"]
+        if not (directory / METADATA_LOG_FILE_NAME).is_file():
+            raise ConfigError(f"remote.log.metadata.dir={str(directory)!r}: no remote log metadata there"
+                              f" ({METADATA_LOG_FILE_NAME} is missing)")
+    else:
+        # The topic backend materializes what it reads into its directory: a reader keeps
+        # that private rather than write beside the proxy's or the pipeline's files.
+        config = parse({**config.raw(), "remote.log.metadata.dir": scratch})
+    return remote_log_metadata_manager(config, read_only=True)
+
+
+async def _wait_for_topic_metadata(rlmm: RemoteLogMetadataManager, config: Config, topic: str) -> None:
+    """The topic backend reads __remote_log_metadata in the background after start: wait
+    until it has read what was there for each partition the cluster knows of the topic."""
+    from .cluster import Cluster
+
+    async with Cluster(config["bootstrap.servers"], client_id="tierproxy-read") as cluster:
+        info = (await cluster.topics([topic])).get(topic)
+    if info is not None:
+        for partition in info.partitions:
+            await rlmm.wait_until_ready(TopicIdPartition(info.topic_id, topic, partition), _METADATA_READY_TIMEOUT_S)
+
+
+async def _topic_partitions(rlmm: RemoteLogMetadataManager, options: ReadOptions) -> list[TopicIdPartition]:
+    candidates = [
+        tp for tp in rlmm.partitions()
+        if tp.topic == options.topic and (options.partitions is None or tp.partition in options.partitions)
+    ]
+    for tp in candidates:
+        await rlmm.wait_until_ready(tp, _METADATA_READY_TIMEOUT_S)
+    # A topic being removed (or removed) is no longer readable; a topic of the same name
+    # created since then is another topic id.
+    live = [tp for tp in candidates if rlmm.partition_delete_state(tp) is None]
+    ids = {tp.topic_id for tp in live}
+    if len(ids) > 1:
+        raise OptionError(f"topic {options.topic!r} has remote data under several topic ids: {sorted(map(str, ids))}")
+    return sorted(live, key=lambda tp: tp.partition)
+
+
+def _finished_segments(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition) -> list[tuple[RemoteLogSegmentMetadata, int]]:
+    """(segment, first offset to read) of the FINISHED segments, so that no offset is read twice."""
+    finished = sorted(
+        (s for s in rlmm.list_segments(tp) if s.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED),
+        key=lambda s: (s.start_offset, s.end_offset),
+    )
+    pieces = []
+    next_offset = 0
+    for segment in finished:
+        first = max(segment.start_offset, next_offset)
+        if first <= segment.end_offset:
+            pieces.append((segment, first))
+            next_offset = segment.end_offset + 1
+    return pieces
+
+
+async def _partition_slices(
+    rsm: RemoteStorageManager,
+    partition: int,
+    pieces: list[tuple[RemoteLogSegmentMetadata, int]],
+    options: ReadOptions,
+) -> list[SegmentSlice]:
+    log_start, log_end = pieces[0][1], pieces[-1][0].end_offset + 1
+    start = options.starting_offsets.resolve(partition, log_start, log_end)
+    end = options.ending_offsets.resolve(partition, log_start, log_end)
+    aborted: list[AbortedTxn] = []
+    if options.read_committed:
+        undecided = await _first_undecided_offset(rsm, pieces[-1][0])
+        if undecided is not None:
+            end = min(end, undecided)
+        if start < end:
+            aborted = await _aborted_transactions(rsm, [s for s, _ in pieces if s.end_offset >= start], start, end)
+    slices = []
+    for segment, first in pieces:
+        low, high = max(first, start), min(segment.end_offset + 1, end)
+        if low >= high:
+            continue
+        if options.starting_timestamp is not None and segment.max_timestamp_ms < options.starting_timestamp:
+            continue
+        overlapping = tuple(t for t in aborted if t.last_offset >= low and t.first_offset < high)
+        slices.append(SegmentSlice(segment, low, high, overlapping))
+    return slices
+
+
+async def _first_undecided_offset(rsm: RemoteStorageManager, last: RemoteLogSegmentMetadata) -> int | None:
+    """First offset of the oldest transaction still open after the last remote segment."""
+    try:
+        snapshot = await rsm.fetch_index(last, IndexType.PRODUCER_SNAPSHOT)
+    except RemoteResourceNotFound:
+        return None
+    return ProducerState.from_snapshot(snapshot).first_undecided_offset
+
+
+async def _aborted_transactions(
+    rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata], start: int, end: int
+) -> list[AbortedTxn]:
+    """Kafka's collectAbortedTxns over the remote segments: each index lists the transactions
+    whose ABORT marker it holds, so later segments are searched until one is complete."""
+    aborted: list[AbortedTxn] = []
+    for segment in segments:
+        if segment.txn_index_empty:
+            continue
+        try:
+            data = await rsm.fetch_index(segment, IndexType.TRANSACTION)
+        except RemoteResourceNotFound:
+            continue  # copied without a transaction index: none aborted there
+        result = TransactionIndex.from_bytes(data).collect_aborted(start, end)
+        aborted += result.aborted
+        if result.is_complete:
+            break
+    return aborted
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_slice(
+    config: Config,
+    piece: SegmentSlice,
+    *,
+    topic: str,
+    starting_timestamp: int | None = None,
+    ending_timestamp: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The slice's records as Arrow batches, streamed from the remote segment batch by batch."""
+    segment = piece.segment
+    with asyncio.Runner() as runner:
+        rsm = runner.run(_open_storage(config))
+        try:
+            position = runner.run(_start_position(rsm, piece, starting_timestamp))
+            chunks = rsm.fetch_log_segment(segment, position)
+            try:
+                batches = _batches(_drive(runner, chunks), segment)
+                rows = _rows(batches, piece, starting_timestamp, ending_timestamp)
+                yield from _arrow_batches(rows, topic, segment.topic_id_partition.partition)
+            finally:
+                runner.run(chunks.aclose())
+        finally:
+            runner.run(rsm.close())
+
+
+async def _open_storage(config: Config) -> RemoteStorageManager:
+    # Built inside the task's event loop: the S3 client binds to the loop it starts on.
+    return remote_storage_manager(config)
+
+
+async def _start_position(rsm: RemoteStorageManager, piece: SegmentSlice, starting_timestamp: int | None) -> int:
+    """A batch boundary at or before the first record the slice needs, from the segment's indexes."""
+    segment = piece.segment
+    target = piece.first_offset
+    if starting_timestamp is not None:
+        time_index = TimeIndex.from_bytes(await rsm.fetch_index(segment, IndexType.TIMESTAMP), segment.start_offset)
+        # An entry (T, o) says every batch up to offset o has timestamps <= T: with
+        # T < starting_timestamp, none of them is wanted.
+        target = max(target, time_index.lookup(starting_timestamp - 1).offset)
+    if target <= segment.start_offset:
+        return 0
+    offset_index = OffsetIndex.from_bytes(await rsm.fetch_index(segment, IndexType.OFFSET), segment.start_offset)
+    return offset_index.lookup(target).position
+
+
+def _drive(runner: asyncio.Runner, chunks: AsyncIterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+    """An async stream as a plain iterator, one chunk per step of the task's event loop."""
+
+    async def next_chunk() -> bytes | memoryview | None:
+        try:
+            return await anext(chunks)
+        except StopAsyncIteration:
+            return None
+
+    while (chunk := runner.run(next_chunk())) is not None:
+        yield chunk
+
+
+def _batches(chunks: Iterable[bytes | memoryview], segment: RemoteLogSegmentMetadata) -> Iterator[tuple[bytearray, BatchHeader]]:
+    """Whole record batches across chunk boundaries: (buffer, header of a batch in it)."""
+    buffer = bytearray()
+    for chunk in chunks:
+        buffer += chunk
+        used = 0
+        while (header := read_batch_header(buffer, used)) is not None:
+            yield buffer, header
+            used = header.end_position
+        if used:
+            # A new buffer rather than deleting in place: a consumer may still view the old one.
+            buffer = buffer[used:]
+    if buffer:
+        raise RecordDecodeError(
+            f"segment {segment.segment_id.id} of {segment.topic_id_partition} ends with"
+            f" {len(buffer)} bytes that are not a whole batch"
+        )
+
+
+def _rows(
+    batches: Iterable[tuple[bytearray, BatchHeader]],
+    piece: SegmentSlice,
+    starting_timestamp: int | None,
+    ending_timestamp: int | None,
+) -> Iterator[tuple[BatchHeader, list]]:
+    """(batch header, its wanted records) for each batch with any."""
+    first, end = piece.first_offset, piece.end_offset
+    aborted: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for txn in piece.aborted:
+        aborted[txn.producer_id].append((txn.first_offset, txn.last_offset))
+    low = starting_timestamp if starting_timestamp is not None else -(2**63)
+    high = ending_timestamp if ending_timestamp is not None else 2**63
+    for buffer, header in batches:
+        if header.base_offset >= end:
+            return
+        if header.last_offset < first or header.is_control or header.max_timestamp < low:
+            continue
+        if header.is_transactional and any(
+            f <= header.base_offset <= last for f, last in aborted.get(header.producer_id, ())
+        ):
+            continue
+        records = [
+            r for r in batch_records(buffer, header) if first <= r.offset < end and low <= r.timestamp < high
+        ]
+        if records:
+            yield header, records
+
+
+def _arrow_batches(rows: Iterable[tuple[BatchHeader, list]], topic: str, partition: int) -> Iterator[pa.RecordBatch]:
+    keys: list = []
+    values: list = []
+    offsets: list[int] = []
+    timestamps: list[int] = []
+    timestamp_types: list[int] = []
+    headers: list = []
+    size = 0
+
+    def flush() -> pa.RecordBatch:
+        n = len(offsets)
+        types = [f.type for f in ARROW_SCHEMA]
+        columns = [
+            pa.array(keys, types[0]),
+            pa.array(values, types[1]),
+            pa.array([topic] * n, types[2]),
+            pa.array([partition] * n, types[3]),
+            pa.array(offsets, types[4]),
+            pa.array(timestamps, types[5]),  # microseconds, as Spark keeps timestamps
+            pa.array(timestamp_types, types[6]),
+            pa.array(headers, types[7]),
+        ]
+        for column in (keys, values, offsets, timestamps, timestamp_types, headers):
+            column.clear()
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+    for header, records in rows:
+        timestamp_type = int(header.timestamp_type)
+        for record in records:
+            keys.append(record.key)
+            values.append(record.value)
+            offsets.append(record.offset)
+            timestamps.append(record.timestamp * 1000)
+            timestamp_types.append(timestamp_type)
+            headers.append(record.headers)
+            size += len(record.key or b"") + len(record.value or b"")
+        if len(offsets) >= _ARROW_BATCH_ROWS or size >= _ARROW_BATCH_BYTES:
+            yield flush()
+            size = 0
+    if offsets:
+        yield flush()
+
+
+# ----------------------------------------------------------------------------- Spark
+
+
+class TierproxyReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        return list(asyncio.run(plan_slices(self.options)))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SegmentSlice):
+            return iter(())  # Spark's placeholder when there is nothing to read
+        return read_slice(
+            parse(self.options.config),
+            partition,
+            topic=self.options.topic,
+            starting_timestamp=self.options.starting_timestamp,
+            ending_timestamp=self.options.ending_timestamp,
+        )
+
+
+class TierproxyDataSource(DataSource):
+    """`spark.read.format("tierproxy")`; see the module's documentation for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        if schema != SCHEMA:
+            raise OptionError(f"the {NAME} source has a fixed schema (Spark's Kafka source): {SCHEMA.simpleString()}")
+        return TierproxyReader(ReadOptions.parse(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.read.format("tierproxy")` available in this session."""
+    spark.dataSource.register(TierproxyDataSource)

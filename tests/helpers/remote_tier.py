@@ -1,0 +1,194 @@
+"""Puts a partition's log from the real broker into the remote tier, without the pipeline.
+
+For tests of what reads the remote tier: fetch the raw log (Fetch v12, READ_UNCOMMITTED,
+so control batches and aborted data come too), cut it into segments on batch
+boundaries, build every index with `storage.indexes`, copy with the
+RemoteStorageManager and commit the metadata (COPY_SEGMENT_STARTED, then FINISHED).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.list_offsets.v7 import request as list_offsets7
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from protocol.apis import ErrorCode, OffsetSpec
+from protocol.records import iter_batches
+from proxy.kafka_connection import KafkaConnection
+from storage.indexes import build_segment_indexes, segment_file_name, write_indexes
+from storage.indexes.producer_snapshot import ProducerState
+from storage.metadata import RemoteLogMetadataManager
+from storage.model import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+from storage.rsm import RemoteStorageManager
+
+FETCH_MAX_BYTES = 1 << 20
+
+
+async def topic_id_of(conn: KafkaConnection, topic: str) -> uuid.UUID:
+    response = await conn.request(
+        MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=None, name=topic),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+    )
+    (described,) = response.topics
+    if described.error_code != ErrorCode.none:
+        raise RuntimeError(f"Metadata of {topic}: error {described.error_code}")
+    return described.topic_id
+
+
+async def latest_offset(conn: KafkaConnection, topic: str, partition: int) -> int:
+    """The log end offset (ListOffsets LATEST, READ_UNCOMMITTED)."""
+    response = await conn.request(
+        list_offsets7.ListOffsetsRequest(
+            replica_id=i32(-1),
+            isolation_level=i8(0),
+            topics=(
+                list_offsets7.ListOffsetsTopic(
+                    name=topic,
+                    partitions=(list_offsets7.ListOffsetsPartition(partition_index=i32(partition),
+                                                                   timestamp=i64(OffsetSpec.LATEST)),),
+                ),
+            ),
+        )
+    )
+    (answer,) = response.topics[0].partitions
+    if answer.error_code != ErrorCode.none:
+        raise RuntimeError(f"ListOffsets of {topic}-{partition}: error {answer.error_code}")
+    return answer.offset
+
+
+async def fetch_raw_log(conn: KafkaConnection, topic: str, partition: int, start: int = 0,
+                        end: int | None = None) -> bytes:
+    """The partition's record batches from `start` to `end` (default: the log end), byte for byte."""
+    if end is None:
+        end = await latest_offset(conn, topic, partition)
+    log = bytearray()
+    offset = start
+    while offset < end:
+        response = await conn.request(
+            fetch12.FetchRequest(
+                max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
+                min_bytes=i32(1),
+                max_bytes=i32(FETCH_MAX_BYTES),
+                isolation_level=i8(0),
+                topics=(
+                    fetch12.FetchTopic(
+                        topic=topic,
+                        partitions=(fetch12.FetchPartition(partition=i32(partition), fetch_offset=i64(offset),
+                                                           partition_max_bytes=i32(FETCH_MAX_BYTES)),),
+                    ),
+                ),
+                forgotten_topics_data=(),
+            )
+        )
+        (answer,) = response.responses[0].partitions
+        if answer.error_code != ErrorCode.none:
+            raise RuntimeError(f"Fetch of {topic}-{partition} at {offset}: error {answer.error_code}")
+        records = answer.records or b""
+        whole = [h for h in iter_batches(records) if h.base_offset < end]
+        if not whole:
+            raise RuntimeError(f"Fetch of {topic}-{partition} at {offset} returned no whole batch")
+        log += records[whole[0].position:whole[-1].end_position]
+        offset = whole[-1].next_offset
+    return bytes(log)
+
+
+def cut_segments(log: bytes, *, segment_bytes: int | None = None, cut_offsets: Iterable[int] = ()) -> list[bytes]:
+    """The log in pieces on batch boundaries: a new piece starts at the first batch holding or
+    after each of `cut_offsets`, and when the current one would exceed `segment_bytes`."""
+    cuts = sorted(cut_offsets)
+    pieces: list[bytes] = []
+    start = 0
+    for header in iter_batches(log):
+        size = header.end_position - start
+        crossed = bool(cuts) and header.last_offset >= cuts[0]
+        while cuts and header.last_offset >= cuts[0]:
+            cuts.pop(0)
+        if header.position > start and (crossed or (segment_bytes is not None and size > segment_bytes)):
+            pieces.append(log[start:header.position])
+            start = header.position
+    if start < len(log):
+        pieces.append(log[start:])
+    return pieces
+
+
+async def tier_log(
+    log: bytes,
+    topic_id_partition: TopicIdPartition,
+    *,
+    rsm: RemoteStorageManager,
+    rlmm: RemoteLogMetadataManager,
+    work_dir: Path,
+    segment_bytes: int | None = None,
+    cut_offsets: Iterable[int] = (),
+) -> list[RemoteLogSegmentMetadata]:
+    """Copy the log's segments and commit them FINISHED; returns their metadata, oldest first."""
+    directory = Path(work_dir) / str(topic_id_partition)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = ProducerState()
+    epochs: tuple = ()
+    tiered = []
+    for piece in cut_segments(log, segment_bytes=segment_bytes, cut_offsets=cut_offsets):
+        base_offset = next(iter_batches(piece)).base_offset
+        log_path = directory / segment_file_name(base_offset, ".log")
+        log_path.write_bytes(piece)
+        indexes = build_segment_indexes(log_path, base_offset, initial_producer_state=state,
+                                        initial_leader_epochs=epochs)
+        state, epochs = indexes.producer_state, indexes.leader_epochs
+        segment_data = write_indexes(indexes, log_path, directory, overwrite=True)
+        metadata = RemoteLogSegmentMetadata(
+            segment_id=RemoteLogSegmentId.generate(topic_id_partition),
+            start_offset=indexes.base_offset,
+            end_offset=indexes.end_offset,
+            max_timestamp_ms=indexes.max_timestamp_ms,
+            leader_epoch=max(indexes.last_leader_epoch, 0),
+            event_timestamp_ms=_now_ms(),
+            segment_leader_epochs=indexes.segment_leader_epochs,
+            segment_size_in_bytes=indexes.size_in_bytes,
+            txn_index_empty=indexes.txn_index_empty,
+        )
+        await rlmm.add_remote_log_segment_metadata(metadata)
+        await rsm.copy_log_segment_data(metadata, segment_data)
+        finished = RemoteLogSegmentMetadataUpdate(
+            metadata.segment_id, _now_ms(), RemoteLogSegmentState.COPY_SEGMENT_FINISHED, metadata.leader_epoch
+        )
+        await rlmm.update_remote_log_segment_metadata(finished)
+        tiered.append(metadata.with_update(finished))
+    return tiered
+
+
+async def tier_raw_log(
+    conn: KafkaConnection,
+    topic: str,
+    partition: int,
+    *,
+    rsm: RemoteStorageManager,
+    rlmm: RemoteLogMetadataManager,
+    work_dir: Path,
+    segment_bytes: int | None = None,
+    cut_offsets: Iterable[int] = (),
+) -> list[RemoteLogSegmentMetadata]:
+    """Fetch the partition's whole log from the broker and tier it (see `tier_log`)."""
+    tip = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
+    log = await fetch_raw_log(conn, topic, partition)
+    return await tier_log(log, tip, rsm=rsm, rlmm=rlmm, work_dir=work_dir, segment_bytes=segment_bytes,
+                          cut_offsets=cut_offsets)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,278 @@
+"""pipeline.records on real batches: aiokafka's builder for every codec, kio's writer
+for uncompressed ones, and snappy both raw and in the xerial framing."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import cramjam
+import pytest
+from aiokafka.codec import snappy_encode
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.records import XERIAL_MAGIC, Record, RecordDecodeError, batch_records, decompress
+from protocol.errors import DecodeError
+from protocol.records import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    HEADER_SIZE,
+    Compression,
+    ControlType,
+    TimestampType,
+    iter_batches,
+    read_batch_header,
+)
+from tests.helpers.batches import batch, control_batch
+
+BASE_TIMESTAMP = 1_700_000_000_000
+
+
+def build(
+    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+    compression: Compression = Compression.NONE,
+    *,
+    base_offset: int = 0,
+    transactional: bool = False,
+) -> bytes:
+    """A batch from aiokafka's builder: (timestamp, key, value, headers) per record."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=int(compression), is_transactional=int(transactional),
+        producer_id=7 if transactional else -1, producer_epoch=0 if transactional else -1,
+        base_sequence=0 if transactional else -1, batch_size=1 << 24,
+    )
+    for delta, (timestamp, key, value, headers) in enumerate(records):
+        assert builder.append(delta, timestamp=timestamp, key=key, value=value, headers=headers) is not None
+    data = bytearray(builder.build())
+    struct.pack_into(">q", data, 0, base_offset)  # the broker assigns the base offset
+    return bytes(data)
+
+
+def with_body(data: bytes, body: bytes, compression: Compression, *, extra_attributes: int = 0) -> bytes:
+    """The batch with its records block replaced and its attributes, length and CRC fixed."""
+    out = bytearray(data[:HEADER_SIZE] + body)
+    (attributes,) = struct.unpack_from(">h", out, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", out, ATTRIBUTES_OFFSET, (attributes & ~0x07) | int(compression) | extra_attributes)
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(bytes(out[ATTRIBUTES_OFFSET:])))
+    return bytes(out)
+
+
+def decode(data: bytes) -> list[Record]:
+    (header,) = iter_batches(data, verify_crc=True)
+    return list(batch_records(data, header))
+
+
+def sample(n: int = 300) -> list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    return [
+        (BASE_TIMESTAMP + i, b"key-%d" % i if i % 7 else None, (b"value-%d|" % i) * 10 if i % 11 else None,
+         [("seq", b"%d" % i), ("empty", b""), ("null", None)] if i % 3 else [])
+        for i in range(n)
+    ]
+
+
+def as_records(records, base_offset: int = 0) -> list[Record]:
+    return [Record(base_offset + i, ts, k, v, tuple(h)) for i, (ts, k, v, h) in enumerate(records)]
+
+
+# ----------------------------------------------------------------------------- decompression
+
+
+PAYLOAD = b"".join(b"record %d of a compressible payload; " % i for i in range(2000))
+
+
+@pytest.mark.parametrize(
+    "compression, compress",
+    [
+        (Compression.NONE, bytes),
+        (Compression.GZIP, lambda d: bytes(cramjam.gzip.compress(d))),
+        (Compression.SNAPPY, lambda d: bytes(cramjam.snappy.compress_raw(d))),
+        (Compression.SNAPPY, lambda d: snappy_encode(d, xerial_compatible=True, xerial_blocksize=4096)),
+        (Compression.LZ4, lambda d: bytes(cramjam.lz4.compress(d))),
+        (Compression.ZSTD, lambda d: bytes(cramjam.zstd.compress(d))),
+    ],
+    ids=["none", "gzip", "snappy-raw", "snappy-xerial", "lz4-frame", "zstd"],
+)
+def test_decompress_each_codec(compression, compress):
+    compressed = compress(PAYLOAD)
+    if compression is not Compression.NONE:
+        assert len(compressed) < len(PAYLOAD)
+    assert decompress(compression, compressed) == PAYLOAD
+    assert decompress(compression, memoryview(bytearray(compressed))) == PAYLOAD
+
+
+def test_xerial_snappy_is_told_from_raw_snappy_by_its_magic():
+    framed = snappy_encode(PAYLOAD, xerial_compatible=True, xerial_blocksize=1024)
+    assert framed.startswith(XERIAL_MAGIC) and len(framed) > 16 + 4
+    raw = bytes(cramjam.snappy.compress_raw(PAYLOAD))
+    assert not raw.startswith(XERIAL_MAGIC)
+    assert decompress(Compression.SNAPPY, framed) == decompress(Compression.SNAPPY, raw) == PAYLOAD
+
+
+@pytest.mark.parametrize("compression", [Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZSTD])
+def test_garbage_does_not_decompress(compression):
+    with pytest.raises(RecordDecodeError, match=compression.name):
+        decompress(compression, b"\x00\x01 certainly not compressed data \xff" * 3)
+
+
+def test_truncated_xerial_block_is_an_error():
+    framed = snappy_encode(PAYLOAD, xerial_compatible=True, xerial_blocksize=1024)
+    with pytest.raises(RecordDecodeError, match="overruns|truncated|SNAPPY"):
+        decompress(Compression.SNAPPY, framed[:-10])
+    with pytest.raises(RecordDecodeError, match="truncated"):
+        decompress(Compression.SNAPPY, framed[:16] + b"\x00\x00")
+
+
+# ----------------------------------------------------------------------------- whole batches
+
+
+@pytest.mark.parametrize("compression", list(Compression), ids=lambda c: c.name)
+def test_aiokafka_batches_of_every_codec(compression):
+    records = sample()
+    data = build(records, compression, base_offset=1000)
+    header = read_batch_header(data)
+    assert header.compression is compression  # the builder did compress
+    assert decode(data) == as_records(records, 1000)
+
+
+@pytest.mark.parametrize("compression, compress", [
+    (Compression.SNAPPY, lambda d: bytes(cramjam.snappy.compress_raw(d))),
+    (Compression.SNAPPY, lambda d: snappy_encode(d, xerial_compatible=True, xerial_blocksize=512)),
+    (Compression.LZ4, lambda d: bytes(cramjam.lz4.compress(d))),
+    (Compression.GZIP, lambda d: bytes(cramjam.gzip.compress(d))),
+], ids=["snappy-raw", "snappy-xerial-small-blocks", "lz4", "gzip"])
+def test_batches_compressed_as_other_clients_do(compression, compress):
+    records = sample(200)
+    plain = build(records)
+    body = plain[HEADER_SIZE:]
+    assert decode(with_body(plain, compress(body), compression)) == as_records(records)
+
+
+def test_kio_uncompressed_batch_with_headers():
+    data = batch(42, 5, headers=((b"h1", b"v1"), (b"h2", b"")), timestamp_ms=BASE_TIMESTAMP, value_size=16)
+    records = decode(data)
+    assert [r.offset for r in records] == [42, 43, 44, 45, 46]
+    assert [r.timestamp for r in records] == [BASE_TIMESTAMP + i for i in range(5)]
+    assert records[0].key == b"k42" and records[0].value == b"v42-".ljust(16, b"x")
+    assert all(r.headers == (("h1", b"v1"), ("h2", b"")) for r in records)
+
+
+def test_log_append_time_gives_every_record_the_batch_max_timestamp():
+    records = sample(20)
+    plain = bytearray(build(records))
+    append_time = BASE_TIMESTAMP + 10_000
+    struct.pack_into(">q", plain, 35, append_time)  # maxTimestamp
+    data = with_body(bytes(plain), bytes(plain[HEADER_SIZE:]), Compression.NONE, extra_attributes=0x08)
+    header = read_batch_header(data)
+    assert header.timestamp_type is TimestampType.LOG_APPEND_TIME
+    assert {r.timestamp for r in decode(data)} == {append_time}
+
+
+def test_transactional_and_control_batches():
+    records = sample(10)
+    data = build(records, Compression.ZSTD, base_offset=5, transactional=True)
+    header = read_batch_header(data)
+    assert header.is_transactional and header.producer_id == 7
+    assert decode(data) == as_records(records, 5)
+    marker = control_batch(15, ControlType.ABORT, producer_id=7)
+    (record,) = decode(marker)
+    assert record.offset == 15 and struct.unpack(">hh", record.key) == (0, int(ControlType.ABORT))
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+header_keys = st.text(max_size=12)
+payloads = st.one_of(st.none(), st.binary(max_size=300))
+record_strategy = st.tuples(
+    st.integers(min_value=0, max_value=2**41),
+    payloads,
+    payloads,
+    st.lists(st.tuples(header_keys, payloads), max_size=4),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(record_strategy, min_size=1, max_size=40),
+    compression=st.sampled_from(list(Compression)),
+    base_offset=st.integers(min_value=0, max_value=2**40),
+)
+def test_round_trip(records, compression, base_offset):
+    data = build(records, compression, base_offset=base_offset)
+    decoded = decode(data)
+    assert decoded == as_records(records, base_offset)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    records=st.lists(record_strategy, min_size=1, max_size=10),
+    compression=st.sampled_from(list(Compression)),
+)
+def test_round_trip_through_external_compression(records, compression):
+    """Records the builder left uncompressed, compressed by cramjam as librdkafka would."""
+    plain = build(records)
+    body = plain[HEADER_SIZE:]
+    compressors = {
+        Compression.NONE: bytes,
+        Compression.GZIP: lambda d: bytes(cramjam.gzip.compress(d)),
+        Compression.SNAPPY: lambda d: bytes(cramjam.snappy.compress_raw(d)),
+        Compression.LZ4: lambda d: bytes(cramjam.lz4.compress(d)),
+        Compression.ZSTD: lambda d: bytes(cramjam.zstd.compress(d)),
+    }
+    assert decode(with_body(plain, compressors[compression](body), compression)) == as_records(records)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_more_records_announced_than_present():
+    data = bytearray(build(sample(5)))
+    struct.pack_into(">i", data, 57, 6)  # recordsCount
+    with pytest.raises(RecordDecodeError, match="offset 0"):
+        decode(with_body(bytes(data), bytes(data[HEADER_SIZE:]), Compression.NONE))
+
+
+def test_bytes_left_after_the_records():
+    data = build(sample(5))
+    with pytest.raises(RecordDecodeError, match="left after 5 records"):
+        decode(with_body(data, data[HEADER_SIZE:] + b"\x00\x00", Compression.NONE))
+
+
+def test_record_overrunning_its_batch():
+    data = build(sample(1))
+    body = bytearray(data[HEADER_SIZE:])
+    body[0] = 0x7E  # record length 63: more than there is
+    with pytest.raises(RecordDecodeError, match="overruns"):
+        decode(with_body(data, bytes(body), Compression.NONE))
+
+
+def test_compressed_garbage_in_a_batch():
+    data = build(sample(50), Compression.LZ4)
+    body = bytearray(data[HEADER_SIZE:])
+    body[len(body) // 2 :] = b"\xa5" * (len(body) - len(body) // 2)
+    with pytest.raises(RecordDecodeError, match="LZ4"):
+        decode(with_body(data, bytes(body), Compression.LZ4))
+
+
+def test_header_key_that_is_not_utf8():
+    data = build([(BASE_TIMESTAMP, b"k", b"v", [("hk", b"hv")])])
+    body = data[HEADER_SIZE:].replace(b"hk", b"\xff\xfe")
+    with pytest.raises(RecordDecodeError, match="UTF-8"):
+        decode(with_body(data, body, Compression.NONE))
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=200), compression=st.sampled_from(list(Compression)), count=st.integers(0, 5))
+def test_garbage_is_a_clean_error(body, compression, count):
+    """Any records block either decodes or raises RecordDecodeError, nothing else."""
+    data = bytearray(with_body(build(sample(1)), body, compression))
+    struct.pack_into(">i", data, 57, count)
+    struct.pack_into(">I", data, CRC_OFFSET, crc32c.crc32c(bytes(data[ATTRIBUTES_OFFSET:])))
+    try:
+        decode(bytes(data))
+    except RecordDecodeError:
+        pass
+    assert issubclass(RecordDecodeError, DecodeError)
