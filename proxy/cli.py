@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(commands)
     _add_config(commands)
     _add_serve(commands)
+    _add_tier(commands)
     return parser
 
 
@@ -66,6 +67,15 @@ def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="run the proxy until SIGTERM or SIGINT")
     _config_arguments(serve)
     serve.set_defaults(run=_lazy("proxy.serve"))
+
+
+def _add_tier(commands) -> None:
+    tier = commands.add_parser("tier", help="copy tiered partitions to remote storage (a Spark job), then retention")
+    _config_arguments(tier)
+    tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
+                      help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
+                           "remote.log.manager.task.interval.ms")
+    tier.set_defaults(run=_lazy("pipeline.cli"))
 
 
 def main(argv: list[str] | None = None) -> int:

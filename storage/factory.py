@@ -42,18 +42,21 @@ def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageMana
     raise ValueError(f"remote.log.storage.backend={backend!r}: must be local or s3")
 
 
-def remote_log_metadata_manager(config: Mapping[str, Any] | Any, *, read_only: bool = False) -> RemoteLogMetadataManager:
+def remote_log_metadata_manager(
+    config: Mapping[str, Any] | Any, *, read_only: bool = False, shared: bool = False
+) -> RemoteLogMetadataManager:
     """Not started yet: `async with` it, or call `start()`.
 
-    `read_only` (file backend) is for readers such as the proxy, which never write
-    metadata and must not take the single writer's lock.
+    File backend: `read_only` is for readers such as the proxy, which never write
+    metadata and must not take the writer's lock; `shared` for several writers at once
+    (the pipeline's driver and tasks), each append under the file's lock.
     """
     backend = config["remote.log.metadata.backend"]
     directory = config["remote.log.metadata.dir"]
     if backend == "file":
         from .metadata.file_store import FileRemoteLogMetadataManager
 
-        return FileRemoteLogMetadataManager(directory, read_only=read_only)
+        return FileRemoteLogMetadataManager(directory, read_only=read_only, shared=shared)
     if backend == "topic":
         from .metadata.topic_store import TopicRemoteLogMetadataManager
 

@@ -14,11 +14,20 @@ fails its CRC, and everything after it, is cut off the file with a warning (as K
 recovery truncates at the first invalid batch). An entry whose CRC matches but which does not
 decode is not a torn write: start-up fails with MetadataDecodeError.
 
-Processes: one writer per directory, enforced by an exclusive `flock` on
-`<directory>/remote_log_metadata.lock` (a second writer fails at start). Any number of
-`read_only=True` instances may follow the file: they take no lock, never truncate, and
-`refresh()` picks up entries appended since the last read (a half-written tail is left for
-the next refresh).
+Processes, all through an exclusive `flock` on `<directory>/remote_log_metadata.lock`:
+
+- by default one writer per directory: it holds the lock for its whole life (a second
+  writer fails at start);
+- `shared=True` writers (the tiering pipeline's driver and its tasks, which may run in
+  several processes at once) take the lock for each append only. Under the lock a writer
+  first replays the entries others appended since its last read (and cuts a torn tail: whoever
+  left it no longer holds the lock), then checks its record against that state, appends and
+  fsyncs. So every writer's checks see every earlier write, and the file stays one valid
+  sequence. They need a file system where `flock` works across all of them (one machine).
+  A shared writer's reads see others' appends after `refresh()` (or its next append);
+- any number of `read_only=True` instances may follow the file: they take no lock, never
+  truncate, and `refresh()` picks up entries appended since the last read (a half-written
+  tail is left for the next refresh).
 """
 
 from __future__ import annotations
@@ -74,11 +83,14 @@ def scan_entries(data: bytes, pos: int = 0) -> tuple[list[RemoteLogMetadata], in
 
 
 class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
-    def __init__(self, directory: str | os.PathLike[str], *, read_only: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, read_only: bool = False, shared: bool = False) -> None:
         super().__init__()
+        if read_only and shared:
+            raise ValueError("a read-only metadata manager takes no lock: read_only and shared exclude each other")
         self.directory = Path(directory)
         self.path = self.directory / LOG_FILE_NAME
         self.read_only = read_only
+        self.shared = shared
         self._fd: int | None = None
         self._lock_fd: int | None = None
         self._position = 0  # end of the valid entries read or written so far
@@ -98,16 +110,29 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(self.directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise RemoteLogMetadataError(f"{self.directory} is already open for writing by another process") from None
+        if self.shared:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        else:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock_fd)
+                raise RemoteLogMetadataError(
+                    f"{self.directory} is already open for writing by another process") from None
         self._lock_fd = lock_fd
-        created = not self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if created:
-            _fsync_directory(self.directory)
+        try:
+            created = not self.path.exists()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            if created:
+                _fsync_directory(self.directory)
+            self._catch_up()
+        finally:
+            if self.shared:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _catch_up(self) -> None:
+        """Under the lock: replay what others appended, and cut a torn tail (its writer is gone)."""
+        assert self._fd is not None
         self._load()
         size = os.fstat(self._fd).st_size
         if size > self._position:
@@ -131,10 +156,11 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
         return len(records)
 
     async def refresh(self) -> int:
-        """Read-only instances: applies entries another process appended; returns how many."""
-        if self._fd is not None:
-            return 0  # the writer already sees its own appends
-        return await asyncio.to_thread(self._load)
+        """Read-only and shared instances: applies entries another process appended; returns how many."""
+        if self._fd is not None and not self.shared:
+            return 0  # the only writer already sees its own appends
+        async with self._write_lock:  # not while an append of ours moves `_position`
+            return await asyncio.to_thread(self._load)
 
     async def _publish(self, record: RemoteLogMetadata) -> None:
         if self.read_only:
@@ -143,10 +169,22 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise MetadataNotReady(f"{self.path} is not open (start() not called, or closed)")
         # The lock spans the append so records reach the file in the order they were checked.
         async with self._write_lock:
-            self._cache.check(record)
-            entry = encode_checked_entry(serialize(record))
-            await asyncio.to_thread(self._append, entry)
+            if self.shared:
+                await asyncio.to_thread(self._append_shared, record)
+            else:
+                self._cache.check(record)
+                await asyncio.to_thread(self._append, encode_checked_entry(serialize(record)))
             self._cache.apply(record)
+
+    def _append_shared(self, record: RemoteLogMetadata) -> None:
+        assert self._lock_fd is not None
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            self._catch_up()
+            self._cache.check(record)  # against every write that came before, whoever made it
+            self._append(encode_checked_entry(serialize(record)))
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _append(self, entry: bytes) -> None:
         assert self._fd is not None

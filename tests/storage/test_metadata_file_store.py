@@ -138,3 +138,34 @@ async def test_one_writer_and_read_only_followers(tmp_path):
     # The writer's lock is released on close.
     async with FileRemoteLogMetadataManager(tmp_path) as again:
         assert again.log_end_offset(TP) == 99
+
+
+async def test_shared_writers_see_each_other_and_keep_one_valid_file(tmp_path):
+    # Two processes' worth of writers: each append first replays what the other wrote.
+    async with FileRemoteLogMetadataManager(tmp_path, shared=True) as one, \
+            FileRemoteLogMetadataManager(tmp_path, shared=True) as two:
+        a, b = segment(0, 99, [(0, 0)]), segment(100, 199, [(0, 100)])
+        await one.add_remote_log_segment_metadata(a)
+        await two.add_remote_log_segment_metadata(b)
+        # `two` checked its first update against `one`'s add: a is known to it.
+        await two.update_remote_log_segment_metadata(
+            RemoteLogSegmentMetadataUpdate(a.segment_id, 9, S.COPY_SEGMENT_FINISHED, 1))
+        with pytest.raises(IllegalStateTransition):  # `one` sees that a is FINISHED already
+            await one.update_remote_log_segment_metadata(
+                RemoteLogSegmentMetadataUpdate(a.segment_id, 9, S.DELETE_SEGMENT_FINISHED, 1))
+        with pytest.raises(DuplicateSegment):
+            await one.add_remote_log_segment_metadata(b)
+        await one.refresh()
+        assert state_of(one) == state_of(two)
+        assert one.log_end_offset(TP) == 99
+        # A torn tail left by a writer that died mid-append is cut by the next one to append.
+        with open(tmp_path / LOG_FILE_NAME, "ab") as f:
+            f.write(encode_checked_entry(serialize(segment(200, 299, [(0, 200)])))[:7])
+        await two.update_remote_log_segment_metadata(
+            RemoteLogSegmentMetadataUpdate(b.segment_id, 9, S.COPY_SEGMENT_FINISHED, 1))
+        await one.refresh()
+        assert one.log_end_offset(TP) == two.log_end_offset(TP) == 199
+    async with FileRemoteLogMetadataManager(tmp_path, read_only=True) as reader:
+        assert [m.state for m in reader.list_segments(TP)] == [S.COPY_SEGMENT_FINISHED] * 2
+    with pytest.raises(ValueError):
+        FileRemoteLogMetadataManager(tmp_path, read_only=True, shared=True)

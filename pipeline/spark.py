@@ -1,0 +1,60 @@
+"""The pipeline's SparkSession, from tierproxy's configuration.
+
+`spark.master` and `spark.app.name` come from the configuration; when the job was started
+with `spark-submit --master ...`, the submitted master wins (the pipeline then runs
+unchanged on standalone, YARN or Kubernetes). Python workers must run the same interpreter
+as the driver: PYSPARK_PYTHON is set to it unless given.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from proxy.config import Config
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def is_loopback_master(master: str) -> bool:
+    """local[...] or a master on this machine's loopback: the driver then binds to 127.0.0.1 too."""
+    if master.startswith("local"):
+        return True
+    return urlsplit(master).hostname in _LOOPBACK
+
+
+def spark_session(config: Config, conf: Mapping[str, str] | None = None):
+    """Gets or creates the SparkSession; `conf` adds Spark settings (`spark.ui.enabled`, ...)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    # Under spark-submit the JVM already runs (it told us its gateway port) with the
+    # submitted master; otherwise pyspark's launcher defaults the master to local[*].
+    submitted = SparkConf()
+    if "PYSPARK_GATEWAY_PORT" in os.environ and submitted.contains("spark.master"):
+        master = submitted.get("spark.master")
+    else:
+        master = config["spark.master"]
+    builder = SparkSession.builder.master(master).appName(config["spark.app.name"])
+    # The pipeline prints its own progress; Spark's console bar would interleave with it.
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if is_loopback_master(master) and not submitted.contains("spark.driver.host"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def max_task_attempts(spark) -> int:
+    """How many times Spark runs a failing task: local[N,F] says F (plain local never
+    retries), other masters spark.task.maxFailures (4)."""
+    conf = spark.sparkContext.getConf()
+    master = conf.get("spark.master", "local")
+    if master.startswith("local"):
+        inside = master[len("local"):].strip("[]")
+        parts = inside.split(",")
+        return int(parts[1]) if len(parts) == 2 else 1
+    return int(conf.get("spark.task.maxFailures", "4"))

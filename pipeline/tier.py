@@ -1,0 +1,343 @@
+"""One tiering pass, and the `--every` loop that repeats it.
+
+A pass (KIP-405's RLM leader task, run as a Spark job):
+
+1. Plan on the driver (`pipeline.plan`): per tiered partition the broker's local log start
+   offset and last stable offset (ListOffsets) and the remote log end offset (the metadata
+   manager, COPY_SEGMENT_FINISHED segments only). The copy range is
+   [max(remote end + 1, local start), last stable offset). A remote end + 1 below the local
+   start is a gap (data deleted before it was tiered): logged as an error, shown in the
+   summary, and copying resumes at the local start. Nothing at or above the last stable
+   offset is ever copied.
+2. Clean leftovers of earlier passes: every COPY_SEGMENT_STARTED segment of a planned
+   partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`).
+3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
+   parallel across executors. A task cuts segments of `segment.bytes` (or older than
+   `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
+   segment id, uploads it, and returns the metadata. It never marks anything FINISHED.
+   A task that keeps failing up to its last allowed attempt returns its error instead of
+   failing the job, so the other partitions' work is still committed.
+4. Commit on the driver (`pipeline.commit`), exactly one winner per range: the segments of
+   the one successful attempt `collect()` returns are verified in remote storage and moved
+   to COPY_SEGMENT_FINISHED in offset order, each only if it starts at the remote end + 1.
+   Every other STARTED segment (failed attempts, speculative duplicates) is deleted through
+   DELETE_SEGMENT_STARTED -> objects deleted -> DELETE_SEGMENT_FINISHED.
+5. Retention (`pipeline.retention.run_retention`): DeleteRecords on the broker over data now
+   FINISHED remotely, remote expiry, removal of deleted topics' partitions.
+6. A summary table: partitions, segments, bytes, MB/s, trimmed, expired.
+
+One pipeline at a time: a pass holds an exclusive `flock` on
+`<remote.log.metadata.dir>/tier.lock`, and a second pass fails at once (`PipelineBusy`).
+Orphan cleanup relies on it. With the topic metadata backend that directory is local to
+the driver's machine, so the lock covers only pipelines started on the same machine: run
+one `tierproxy tier` per cluster. Speculative execution (`spark.speculation`) is safe for
+the metadata (losers are cleaned), but a losing attempt Spark fails to stop before the
+commit may upload after its cleanup; its STARTED record is cleaned by the next pass.
+
+The file metadata backend is written by the driver and the tasks at once (shared writers,
+one flock per append), so with it the executors must see the driver's
+`remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
+
+`--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default).
+A failed pass is logged and retried after `remote.log.manager.task.retry.backoff.ms`,
+doubling up to `...retry.backoff.max.ms`, with `...retry.jitter` (never later than the
+interval). SIGINT and SIGTERM stop
+the loop after the current pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import importlib.util
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from proxy.config import Config
+from storage.factory import remote_storage_manager
+
+from .cluster import Cluster
+from .commit import CommitResult, clean_orphans, commit_partition
+from .copy import CopyResult, copy_task, metadata_manager
+from .plan import PartitionPlan, plan_pass
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE_NAME = "tier.lock"
+MB = 1_000_000
+
+
+class PipelineBusy(RuntimeError):
+    """Another tiering pass holds the pipeline's lock."""
+
+
+@contextlib.contextmanager
+def pipeline_lock(config: Config) -> Iterator[None]:
+    directory = Path(config["remote.log.metadata.dir"])
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineBusy(f"another tiering pass is running (lock {directory / LOCK_FILE_NAME})") from None
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@dataclass(slots=True)
+class PartitionSummary:
+    plan: PartitionPlan
+    segments: int = 0
+    bytes: int = 0
+    pending_bytes: int = 0
+    cleaned: int = 0
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.plan.topic}-{self.plan.partition}"
+
+
+@dataclass(slots=True)
+class PassReport:
+    partitions: list[PartitionSummary] = field(default_factory=list)
+    copy_seconds: float = 0.0
+    seconds: float = 0.0
+    retention: Any = None  # pipeline.retention.RetentionReport, when that step ran
+
+    @property
+    def segments(self) -> int:
+        return sum(p.segments for p in self.partitions)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.partitions)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / MB / self.copy_seconds if self.copy_seconds > 0 else 0.0
+
+    @property
+    def gaps(self) -> list[PartitionPlan]:
+        return [p.plan for p in self.partitions if p.plan.gap]
+
+    @property
+    def errors(self) -> list[str]:
+        errors = [f"{p.name}: {p.error}" for p in self.partitions if p.error]
+        failures = getattr(self.retention, "failures", None) or []
+        return errors + [f"{f.step} {f.partition}: {f.error}" for f in failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+# ----------------------------------------------------------------------------- the Spark job
+
+
+def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
+    """The function Spark runs per plan. On the last allowed attempt an error is returned
+    (and committed as nothing) instead of failing the whole job."""
+
+    def run(plan: PartitionPlan) -> CopyResult:
+        try:
+            result = copy_task(raw_config, plan)
+        except Exception as e:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            attempt = context.attemptNumber() if context is not None else 0
+            if attempt + 1 < max_attempts:
+                raise  # Spark runs it again
+            result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=f"{type(e).__name__}: {e}")
+        accumulator.add({f"{plan.topic}-{plan.partition}": (result.bytes_copied, len(result.segments))})
+        return result
+
+    return run
+
+
+def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[CopyResult]:
+    from .progress import CopyProgress
+    from .spark import max_task_attempts
+
+    sc = spark.sparkContext
+    group = f"tierproxy-tier-{uuid.uuid4().hex[:8]}"
+    progress = CopyProgress(spark, group, len(plans), stream=stream)
+    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator)
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            # A job group is a property of the calling thread: set it where the job runs.
+            sc.setJobGroup(group, f"tierproxy tier: copy {len(plans)} partition(s)")
+            outcome["results"] = sc.parallelize(plans, len(plans)).map(task).collect()
+        except BaseException as e:  # handed to the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=job, name="tierproxy-copy-job", daemon=True)
+    thread.start()
+    while True:
+        thread.join(0.5)
+        if not thread.is_alive():
+            break
+        progress.poll()
+    progress.poll(final=True)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["results"]
+
+
+# ----------------------------------------------------------------------------- one pass
+
+
+def _retention_step():
+    """`pipeline.retention.run_retention`, if that module is installed."""
+    if importlib.util.find_spec("pipeline.retention") is None:
+        return None
+    from .retention import run_retention
+
+    return run_retention
+
+
+async def _pass(config: Config, spark: Any, stream: TextIO, *, retention: bool) -> PassReport:
+    started = time.monotonic()
+    report = PassReport()
+    async with Cluster(config["bootstrap.servers"]) as cluster, remote_storage_manager(config) as rsm, \
+            metadata_manager(config) as rlmm:
+        plans = await plan_pass(config, cluster, rlmm)
+        summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
+        report.partitions = list(summaries.values())
+        for p in plans:
+            summaries[(p.topic, p.partition)].cleaned += len(
+                await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
+
+        to_copy = [p for p in plans if not p.empty]
+        if to_copy:
+            print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
+                  + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
+            copy_started = time.monotonic()
+            results = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
+            report.copy_seconds = time.monotonic() - copy_started
+            by_partition = {(r.topic, r.partition): r for r in results}
+            for p in to_copy:
+                summary = summaries[(p.topic, p.partition)]
+                result = by_partition[(p.topic, p.partition)]
+                commit = await commit_partition(rlmm, rsm, p, [] if result.error else result.metadata())
+                _record(summary, result, commit, result.error)
+
+        run_retention = _retention_step() if retention else None
+        if run_retention is not None:
+            report.retention = await run_retention(config, cluster, rlmm, rsm, now_ms=int(time.time() * 1000))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
+    summary.segments = len(commit.committed)
+    summary.bytes = commit.bytes_committed
+    summary.pending_bytes = result.pending_bytes
+    summary.cleaned += len(commit.cleaned)
+    summary.error = error or commit.error
+
+
+def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
+             summary: bool = True) -> PassReport:
+    """One pass under the pipeline's lock; prints progress and the summary to `stream` (stderr)."""
+    stream = stream if stream is not None else sys.stderr
+    with pipeline_lock(config):
+        report = asyncio.run(_pass(config, spark, stream, retention=retention))
+    if summary:
+        print(format_summary(report), file=stream, flush=True)
+    return report
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def format_summary(report: PassReport) -> str:
+    trimmed = {str(t.topic_id_partition): t for t in getattr(report.retention, "trimmed", None) or []}
+    expired = {str(e.topic_id_partition): e for e in getattr(report.retention, "expired", None) or []}
+    header = ("partition", "copied range", "segments", "MB", "waiting MB", "orphans", "trimmed to", "expired", "note")
+    rows = []
+    for p in report.partitions:
+        t, e = trimmed.get(p.name), expired.get(p.name)
+        note = "GAP: data lost before tiering" if p.plan.gap else ""
+        if p.error:
+            note = (note + "; " if note else "") + f"ERROR {p.error}"
+        copied = f"[{p.plan.start_offset}, {p.plan.end_offset})" if not p.plan.empty else "-"
+        rows.append((
+            p.name, copied, str(p.segments), f"{p.bytes / MB:.1f}", f"{p.pending_bytes / MB:.1f}", str(p.cleaned),
+            str(t.new_log_start_offset) if t else "-", str(e.segments) if e and e.segments else "-", note,
+        ))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    n_trimmed, n_expired = len(trimmed), sum(e.segments for e in expired.values())
+    lines.append(
+        f"{len(report.partitions)} partitions, {report.segments} segments, {report.bytes / MB:.1f} MB in "
+        f"{report.copy_seconds:.1f}s ({report.mb_per_s:.1f} MB/s), {n_trimmed} partitions trimmed, "
+        f"{n_expired} segments expired; pass took {report.seconds:.1f}s")
+    removed = getattr(report.retention, "removed", None) or []
+    if removed:
+        lines.append(f"removed partitions of deleted topics: {', '.join(str(r.topic_id_partition) for r in removed)}")
+    for error in report.errors:
+        lines.append(f"ERROR {error}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- --every
+
+
+def retry_backoff_ms(config: Config, failures: int, rng: random.Random | None = None) -> float:
+    """Backoff before retrying after `failures` consecutive failed passes (>= 1)."""
+    base = config["remote.log.manager.task.retry.backoff.ms"]
+    cap = config["remote.log.manager.task.retry.backoff.max.ms"]
+    jitter = config["remote.log.manager.task.retry.jitter"]
+    backoff = min(cap, base * 2 ** (failures - 1))
+    return backoff * (1 + (rng or random).uniform(-jitter, jitter))
+
+
+def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | None = None,
+              stop: threading.Event | None = None, max_passes: int | None = None) -> int:
+    """Passes until SIGINT/SIGTERM (or `stop`, or `max_passes`); returns how many failed in a row at the end."""
+    stop = stop or threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda *_: _stop(stop))
+    failures = passes = 0
+    try:
+        while not stop.is_set():
+            passes += 1
+            try:
+                report = run_pass(config, spark, stream=stream)
+                failures = 0 if report.ok else failures + 1
+            except Exception as e:
+                failures += 1
+                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, PipelineBusy))
+            if max_passes is not None and passes >= max_passes:
+                break
+            wait_ms = interval_ms if failures == 0 else min(interval_ms, retry_backoff_ms(config, failures))
+            stop.wait(wait_ms / 1000)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return failures
+
+
+def _stop(stop: threading.Event) -> None:
+    log.warning("stopping after the current pass")
+    stop.set()

@@ -1,0 +1,267 @@
+"""A tiering pass against the real broker, with Spark local[2]: every remote `.log` is what a
+broker Fetch returns at the same offsets, and the FINISHED segments cover each partition
+contiguously from offset 0 to below its last stable offset.
+
+The helpers at the top are shared with the crash and standalone tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from pipeline.cluster import READ_COMMITTED, Cluster
+from pipeline.copy import metadata_manager
+from pipeline.tier import PassReport, run_pass
+from protocol.apis import ErrorCode, OffsetSpec
+from protocol.records import iter_batches
+from proxy.config import Config, parse
+from storage.factory import remote_storage_manager
+from storage.indexes import TransactionIndex
+from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from storage.rsm import RemoteStorageManager
+from tests.helpers.produce import produce_codecs, produce_mixed
+
+S = RemoteLogSegmentState
+SEGMENT_BYTES = 128 * 1024
+BROKER_SEGMENT_BYTES = 64 * 1024
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def tier_config(tmp_path: Path, bootstrap: str, topic: str, *, s3=None, key_prefix: str = "",
+                topic_settings: Mapping[str, object] | None = None, extra: Mapping[str, object] | None = None) -> Config:
+    properties = {
+        "bootstrap.servers": bootstrap,
+        "remote.log.metadata.backend": "file",
+        "remote.log.metadata.dir": str(tmp_path / "metadata"),
+        "remote.log.storage.key.prefix": key_prefix,
+        f"topic.{topic}.remote.storage.enable": "true",
+        f"topic.{topic}.segment.bytes": str(SEGMENT_BYTES),
+    }
+    if s3 is None:
+        properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp_path / "remote")}
+    else:
+        properties |= {
+            "remote.log.storage.backend": "s3",
+            "remote.log.storage.s3.bucket": s3.bucket,
+            "remote.log.storage.s3.endpoint.url": s3.endpoint_url,
+            "remote.log.storage.s3.region": s3.region,
+            "remote.log.storage.s3.access.key.id": s3.access_key,
+            "remote.log.storage.s3.secret.access.key": s3.secret_key,
+        }
+    for key, value in (topic_settings or {}).items():
+        properties[f"topic.{topic}.{key}"] = str(value)
+    properties |= {k: str(v) for k, v in (extra or {}).items()}
+    return parse(properties)
+
+
+async def broker_bytes(cluster: Cluster, topics, topic: str, partition: int, start: int, end: int) -> bytes:
+    """Whole batches holding offsets [start, end], as the broker's Fetch returns them."""
+    out = bytearray()
+    offset = start
+    while offset <= end:
+        response = await cluster.fetch_raw(topics, topic, partition, offset, 4 << 20)
+        assert response.error_code == ErrorCode.none
+        records = response.records or b""
+        taken = 0
+        for header in iter_batches(records):
+            if header.base_offset > end:
+                break
+            assert header.base_offset >= start, "segments start on batch boundaries"
+            taken = header.end_position
+            offset = header.next_offset
+        assert taken, f"no batch at offset {offset}"
+        out += memoryview(records)[:taken]
+    return bytes(out)
+
+
+async def remote_log(rsm: RemoteStorageManager, m: RemoteLogSegmentMetadata) -> bytes:
+    return b"".join([bytes(chunk) async for chunk in rsm.fetch_log_segment(m, 0)])
+
+
+async def finished_segments(config: Config, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
+    async with metadata_manager(config) as rlmm:
+        return [m for m in rlmm.list_segments(tp) if m.state == S.COPY_SEGMENT_FINISHED]
+
+
+async def all_segments(config: Config, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
+    async with metadata_manager(config) as rlmm:
+        return rlmm.list_segments(tp)
+
+
+async def check_remote_log(config: Config, topic: str, *, tail_may_wait: bool) -> dict[int, list[RemoteLogSegmentMetadata]]:
+    """Byte-identity and contiguity of every partition's FINISHED segments; returns them."""
+    out = {}
+    async with Cluster(config["bootstrap.servers"]) as cluster, remote_storage_manager(config) as rsm:
+        topics = await cluster.topics([topic])
+        info = topics[topic]
+        tps = [(topic, p) for p in sorted(info.partitions)]
+        stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
+        for _, p in tps:
+            tp = TopicIdPartition(info.topic_id, topic, p)
+            segments = await finished_segments(config, tp)
+            assert segments, f"{tp}: nothing tiered"
+            assert segments[0].start_offset == 0
+            for before, after in zip(segments, segments[1:]):
+                assert after.start_offset == before.end_offset + 1, f"{tp}: gap or overlap"
+            lso = stable[(topic, p)].offset
+            end = segments[-1].end_offset + 1
+            if tail_may_wait:
+                assert end <= lso
+                if end < lso:  # the tail waits only while it is smaller than a segment
+                    tail = await broker_bytes(cluster, topics, topic, p, end, lso - 1)
+                    assert len(tail) <= config.topic(topic).segment_bytes
+            else:
+                assert end == lso
+            for m in segments:
+                await rsm.verify_segment(m, check_crc=True)
+                data = await remote_log(rsm, m)
+                assert len(data) == m.segment_size_in_bytes
+                assert data == await broker_bytes(cluster, topics, topic, p, m.start_offset, m.end_offset)
+            out[p] = segments
+    return out
+
+
+async def aborted_transactions(config: Config, segments: list[RemoteLogSegmentMetadata]) -> int:
+    count = 0
+    async with remote_storage_manager(config) as rsm:
+        for m in segments:
+            if not m.txn_index_empty:
+                count += len(TransactionIndex.from_bytes(await rsm.fetch_index(m, IndexType.TRANSACTION)))
+    return count
+
+
+def assert_clean(report: PassReport) -> None:
+    assert report.ok, report.errors
+    assert not report.gaps
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_tier_copies_byte_identical_contiguous_segments_and_then_only_new_data(
+        spark, kafka_cluster, topic, tmp_path):
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=3, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    produced = await produce_mixed(bootstrap, name, 3, per_codec=10_000, per_transaction=500)
+    assert len(produced) >= 50_000
+    config = tier_config(tmp_path, bootstrap, name)
+
+    report = await asyncio.to_thread(run_pass, config, spark)
+    assert_clean(report)
+    assert [p.name for p in report.partitions] == [f"{name}-{p}" for p in range(3)]
+    first = await check_remote_log(config, name, tail_may_wait=True)
+    for p, segments in first.items():
+        assert len(segments) >= 3, f"partition {p}: {len(segments)} segments"
+        summary = report.partitions[p]
+        assert summary.segments == len(segments)
+        assert summary.bytes == sum(m.segment_size_in_bytes for m in segments)
+    assert report.segments == sum(len(s) for s in first.values())
+
+    # More data: the second pass starts right after what is remote and leaves it as it is.
+    await produce_codecs(bootstrap, name, 3, 3_000)
+    report = await asyncio.to_thread(run_pass, config, spark)
+    assert_clean(report)
+    second = await check_remote_log(config, name, tail_may_wait=True)
+    for p, segments in second.items():
+        before = first[p]
+        assert segments[: len(before)] == before
+        assert report.partitions[p].plan.start_offset == before[-1].end_offset + 1
+        assert len(segments) > len(before)
+        # Each partition holds one aborted transaction (produced last, so it was in the tail
+        # that waited for the second pass); its index entry is in the segment with the ABORT
+        # marker, wherever the transaction began.
+        assert await aborted_transactions(config, segments) == 1
+        tp = segments[0].topic_id_partition
+        # No attempt failed, so nothing but the winners was ever added.
+        assert all(m.state == S.COPY_SEGMENT_FINISHED for m in await all_segments(config, tp))
+
+
+async def test_tier_to_s3_ships_the_tail_once_it_is_older_than_segment_ms(
+        spark, kafka_cluster, topic, s3_server, tmp_path):
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    produced = await produce_mixed(bootstrap, name, 2, per_codec=2_000, per_transaction=100)
+    config = tier_config(tmp_path, bootstrap, name, s3=s3_server, key_prefix=f"tier-{name}",
+                         topic_settings={"segment.ms": 1500})
+    # Every batch older than segment.ms: the tail goes too (the producer stamps records
+    # slightly in the future).
+    await asyncio.sleep(max(0.0, max(r.timestamp_ms for r in produced) / 1000 + 1.6 - time.time()))
+    report = await asyncio.to_thread(run_pass, config, spark)
+    assert_clean(report)
+    segments = await check_remote_log(config, name, tail_may_wait=False)
+    assert all(len(s) >= 2 for s in segments.values())
+    assert all(p.pending_bytes == 0 for p in report.partitions)
+
+    # Nothing new: the next pass copies nothing.
+    report = await asyncio.to_thread(run_pass, config, spark)
+    assert_clean(report)
+    assert report.segments == 0 and all(p.plan.empty for p in report.partitions)
+
+    # An open transaction holds the last stable offset back: nothing from it is copied.
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"open-{name}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(name, b"open", partition=0)
+            report = await asyncio.to_thread(run_pass, config, spark)
+            assert_clean(report)
+            assert report.segments == 0
+            p0 = report.partitions[0].plan
+            assert p0.empty and p0.start_offset == p0.last_stable_offset
+    finally:
+        await producer.stop()
+
+
+# ---------------------------------------------------------------- the loop and the lock
+
+
+def test_intervals_and_retry_backoff():
+    from pipeline.cli import parse_interval_ms
+    from pipeline.tier import retry_backoff_ms
+    from proxy.config import ConfigError
+
+    assert [parse_interval_ms(t) for t in ("30s", "5m", "1h", "250ms", "1500")] == [30_000, 300_000, 3_600_000,
+                                                                                  250, 1500]
+    for bad in ("", "0s", "-1s", "1d", "s"):
+        try:
+            parse_interval_ms(bad)
+        except ConfigError:
+            continue
+        raise AssertionError(f"{bad!r} accepted")
+    config = parse({"bootstrap.servers": "127.0.0.1:1", "remote.log.manager.task.retry.backoff.ms": "100",
+                    "remote.log.manager.task.retry.backoff.max.ms": "1000",
+                    "remote.log.manager.task.retry.jitter": "0.2"})
+    for failures, expected in ((1, 100), (2, 200), (4, 800), (5, 1000), (30, 1000)):
+        assert expected * 0.8 <= retry_backoff_ms(config, failures) <= expected * 1.2
+
+
+def test_one_pass_at_a_time_and_the_loop_retries_a_failed_pass(tmp_path, kafka_cluster):
+    import threading
+
+    from testbed.ports import free_port
+    from pipeline.tier import PipelineBusy, pipeline_lock, run_every
+
+    # No tiered topic in the cluster: a pass has nothing to copy and needs no Spark.
+    config = tier_config(tmp_path, kafka_cluster.bootstrap_servers, "no-such-topic")
+    with pipeline_lock(config):
+        try:
+            run_pass(config, None)
+        except PipelineBusy:
+            pass
+        else:
+            raise AssertionError("a second pass ran while the lock was held")
+    assert run_pass(config, None).ok
+    assert run_every(config, None, 10, max_passes=2, stop=threading.Event()) == 0
+
+    # An unreachable cluster: every pass fails, the loop goes on with its backoff.
+    down = tier_config(tmp_path, f"127.0.0.1:{free_port()}", "t",
+                       extra={"remote.log.manager.task.retry.backoff.ms": 1,
+                              "remote.log.manager.task.retry.backoff.max.ms": 5})
+    assert run_every(down, None, 10, max_passes=3, stop=threading.Event()) == 3

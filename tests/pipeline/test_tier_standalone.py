@@ -1,0 +1,92 @@
+"""`tierproxy tier` on a Spark standalone cluster (a master and one worker on loopback,
+started with pyspark's own `spark-class`), not only local[*]."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import javaproperties
+import pyspark
+import pytest
+
+from testbed.ports import free_ports
+from testbed.processes import log_tail, spawn, stop_pids
+from tests.helpers.produce import produce_mixed
+from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
+
+SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+TIERPROXY = Path(sys.executable).parent / "tierproxy"
+
+
+def _wait_for(url: str, text: str, log: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if text in response.read().decode(errors="replace"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not show {text!r} within {timeout}s:\n{log_tail(log)}")
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """(spark://127.0.0.1:<port>, master web UI port) with one 1-core worker; both stopped by pid."""
+    work = tmp_path_factory.mktemp("spark-standalone")
+    port, ui, worker_ui = free_ports(3)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work / "logs"),
+           "PYSPARK_PYTHON": sys.executable}
+    master_url = f"spark://127.0.0.1:{port}"
+    pids = []
+    try:
+        master = spawn([str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                        "--port", str(port), "--webui-port", str(ui)], work / "master.log", env=env)
+        pids.append(master.pid)
+        _wait_for(f"http://127.0.0.1:{ui}/json/", '"status" : "ALIVE"', work / "master.log")
+        worker = spawn([str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", master_url, "--host",
+                        "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui),
+                        "--work-dir", str(work / "worker")], work / "worker.log", env=env)
+        pids.append(worker.pid)
+        _wait_for(f"http://127.0.0.1:{ui}/json/", '"aliveworkers" : 1', work / "worker.log")
+        yield master_url, ui
+    finally:
+        stop_pids(pids)
+
+
+async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluster, topic, tmp_path):
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    await produce_mixed(bootstrap, name, 2, per_codec=1_000, per_transaction=50)
+    config = tier_config(tmp_path, bootstrap, name, topic_settings={"segment.bytes": 32 * 1024})
+    properties = tmp_path / "tier.properties"
+    with open(properties, "w", encoding="utf-8") as f:
+        javaproperties.dump(config.raw(), f)
+
+    master_url, ui = standalone
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
+         "--override", "spark.app.name=tierproxy-standalone-test"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "2 partitions," in done.stderr  # the summary line
+    # It ran on the standalone cluster: its master lists the application as completed.
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+        state = json.load(response)
+    assert [app["name"] for app in state["completedapps"]] == ["tierproxy-standalone-test"]
+
+    segments = await check_remote_log(config, name, tail_may_wait=True)
+    assert all(len(s) >= 2 for s in segments.values())
