@@ -365,3 +365,13 @@ def decode_response_frame(api_key: int, api_version: int, frame: Buffer) -> tupl
         raise DecodeError(f"no schema for api key {api_key} version {api_version}")
     correlation_id, offset = parse_response_header(body, header_version)
     return correlation_id, decode_response(api_key, api_version, body[offset:])
+
+
+def make_entity(schema: type, **values: Any) -> Any:
+    """A kio entity of one version from the values of the fields that version has.
+
+    Handlers build responses for many versions at once; fields a version lacks
+    (`log_start_offset` before Fetch v5, say) are dropped here.
+    """
+    names = {f.name for f in fields(schema)}
+    return schema(**{name: value for name, value in values.items() if name in names})

@@ -54,6 +54,13 @@ class RemoteMetrics:
             "tierproxy_remote_fetch_expired",
             "Remote reads still running when remote.fetch.max.wait.ms ran out (answered with empty records).",
             ["topic"], registry=r)
+        self.not_available = Counter(
+            "tierproxy_tiered_storage_not_available",
+            "Fetch partitions answered TIERED_STORAGE_NOT_AVAILABLE (sent as "
+            "tiered.storage.not.available.error.code), by topic and cause.", ["topic", "cause"], registry=r)
+        self.remote_partitions_served = Counter(
+            "tierproxy_remote_partitions_served",
+            "Fetch partitions answered from the remote tier, by topic.", ["topic"], registry=r)
         self.reader_queue_size = Gauge(
             "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r)
         self.reader_avg_idle = Gauge(
@@ -77,6 +84,9 @@ class RemoteMetrics:
 
     def read_error(self, topic: str, reason: ReadErrorReason) -> None:
         self.read_errors.labels(topic, reason.value).inc()
+
+    def tiered_storage_not_available(self, topic: str, cause: str) -> None:
+        self.not_available.labels(topic, cause).inc()
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 if never set): for tests and summaries."""

@@ -18,6 +18,8 @@ from .config import Config, ConfigError, load
 from .handlers import InterceptorRegistry
 from .handlers.addresses import address_rewriters
 from .handlers.api_versions import ApiVersionsInterceptor
+from .handlers.fetch import FetchInterceptor
+from .handlers.list_offsets import ListOffsetsInterceptor
 from .metrics import ProxyMetrics
 from .server import ProxyServer
 
@@ -29,10 +31,19 @@ log = logging.getLogger("tierproxy")
 def build_interceptors(config: Config, metrics: ProxyMetrics) -> InterceptorRegistry:
     """Every API the proxy intercepts; everything else passes through untouched.
 
-    A Fetch handler registered here must call ``addresses.rewrite_node_endpoints``
-    itself; pass ``fetch=False`` to ``address_rewriters`` then.
+    The Fetch handler rewrites node endpoints itself. Fetch and ListOffsets share one
+    remote tier, started and closed with the Fetch handler; its metrics join the
+    proxy's registry.
     """
-    return InterceptorRegistry([ApiVersionsInterceptor(), *address_rewriters()])
+    from .tiered import RemoteTier
+
+    tier = RemoteTier(config, registry=metrics.registry)
+    return InterceptorRegistry([
+        ApiVersionsInterceptor(),
+        *address_rewriters(fetch=False),
+        FetchInterceptor(tier),
+        ListOffsetsInterceptor(tier),
+    ])
 
 
 async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:

@@ -19,7 +19,10 @@ from . import ConnectionContext, Forward, Interceptor, Response
 if TYPE_CHECKING:
     from protocol.headers import RequestHeader
 
-__all__ = ("ApiVersionsInterceptor",)
+__all__ = ("ApiVersionsInterceptor", "BROKER_VERSIONS_KEY")
+
+BROKER_VERSIONS_KEY = "broker_api_versions"
+"""ctx.state key: the broker's {api key: (min, max)} from this connection's ApiVersions."""
 
 _ERROR_CODE = struct.Struct(">h")
 
@@ -37,6 +40,8 @@ class ApiVersionsInterceptor(Interceptor):
         if len(payload) < _ERROR_CODE.size or _ERROR_CODE.unpack_from(payload, 0)[0] != 0:
             return payload
         response = decode_response(self.api_key, header.api_version, payload)
+        # Handlers that talk to the broker in other versions need its real ranges.
+        ctx.state[BROKER_VERSIONS_KEY] = {a.api_key: (a.min_version, a.max_version) for a in response.api_keys}
         registry = ctx.services.interceptors
         api_keys = []
         for api in response.api_keys:

@@ -1,0 +1,171 @@
+"""Requests the Fetch and ListOffsets handlers send on the client's own upstream
+connection, so the broker checks them against the client's identity and ACLs: topic
+ids (Metadata), log start, high watermark and last stable offset (ListOffsets), and
+aborted transactions at the local log start (a READ_COMMITTED Fetch).
+
+What they learn is kept per connection (`TierConnectionState`), never shared between
+clients: the broker's OFFSET_OUT_OF_RANGE on this connection is the proof that lets
+remote data be served on it. Versions used (Metadata v12, ListOffsets v7, Fetch v12)
+are accepted by every Kafka 3.x and 4.x broker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.list_offsets.v7 import request as list_offsets7
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from protocol.apis import ErrorCode, OffsetSpec
+from protocol.codecs import decode_response, encode_request
+from protocol.headers import RequestHeader
+
+from . import Forward
+
+# A proven partition's high watermark and LSO are re-read after this long; the proof
+# itself (OFFSET_OUT_OF_RANGE below the local log start) holds for the connection.
+OFFSETS_MAX_AGE_S = 1.0
+
+
+@dataclass(slots=True)
+class PartitionOffsets:
+    """What the broker said of one partition on this connection."""
+
+    local_log_start: int
+    high_watermark: int
+    last_stable_offset: int
+    read_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def stale(self) -> bool:
+        return time.monotonic() - self.read_at > OFFSETS_MAX_AGE_S
+
+
+@dataclass(slots=True)
+class TierConnectionState:
+    topic_ids: dict[str, uuid.UUID] = field(default_factory=dict)
+    topic_names: dict[uuid.UUID, str] = field(default_factory=dict)
+    # (topic id, partition) -> offsets, present once the broker answered
+    # OFFSET_OUT_OF_RANGE for an offset below its local log start on this connection.
+    proven: dict[tuple[uuid.UUID, int], PartitionOffsets] = field(default_factory=dict)
+
+    def learn_topic(self, name: str, topic_id: uuid.UUID) -> None:
+        self.topic_ids[name] = topic_id
+        self.topic_names[topic_id] = name
+
+
+def connection_state(state: dict) -> TierConnectionState:
+    tier_state = state.get("tiered")
+    if tier_state is None:
+        tier_state = state["tiered"] = TierConnectionState()
+    return tier_state
+
+
+class BrokerQueries:
+    def __init__(self, header: RequestHeader, forward: Forward, state: TierConnectionState) -> None:
+        self._header = header
+        self._forward = forward
+        self.state = state
+
+    async def _ask(self, request):
+        payload = await self._forward(encode_request(request, self._header.correlation_id, self._header.client_id))
+        return decode_response(request.__api_key__, request.__version__, payload)
+
+    async def topic_ids(self, names: set[str]) -> dict[str, uuid.UUID]:
+        """Current topic ids of `names` (a recreated topic has a new one); unknown or
+        unauthorized topics are left out."""
+        missing = sorted(n for n in names if n not in self.state.topic_ids)
+        if missing:
+            response = await self._ask(
+                MetadataRequest(
+                    topics=tuple(MetadataRequestTopic(topic_id=None, name=n) for n in missing),
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                )
+            )
+            for topic in response.topics:
+                if topic.error_code == ErrorCode.none and topic.topic_id is not None:
+                    self.state.learn_topic(topic.name, topic.topic_id)
+        return {n: self.state.topic_ids[n] for n in names if n in self.state.topic_ids}
+
+    async def topic_names(self, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """Names of topic ids, from Metadata of every topic when one is not known yet."""
+        if any(i not in self.state.topic_names for i in ids):
+            response = await self._ask(
+                MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+            )
+            for topic in response.topics:
+                if topic.error_code == ErrorCode.none and topic.topic_id is not None:
+                    self.state.learn_topic(topic.name, topic.topic_id)
+        return {i: self.state.topic_names[i] for i in ids if i in self.state.topic_names}
+
+    async def list_offsets(
+        self, partitions: dict[str, list[int]], spec: int, isolation_level: int = 0
+    ) -> dict[tuple[str, int], tuple[ErrorCode, int, int, int]]:
+        """(error, offset, timestamp, leader epoch) per (topic, partition)."""
+        response = await self._ask(
+            list_offsets7.ListOffsetsRequest(
+                replica_id=i32(-1),
+                isolation_level=i8(isolation_level),
+                topics=tuple(
+                    list_offsets7.ListOffsetsTopic(
+                        name=name,
+                        partitions=tuple(
+                            list_offsets7.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(spec))
+                            for p in ps
+                        ),
+                    )
+                    for name, ps in partitions.items()
+                ),
+            )
+        )
+        return {
+            (topic.name, p.partition_index): (ErrorCode(p.error_code), p.offset, p.timestamp, p.leader_epoch)
+            for topic in response.topics
+            for p in topic.partitions
+        }
+
+    async def partition_offsets(self, partitions: dict[str, list[int]], isolation_level: int) -> dict[
+        tuple[str, int], PartitionOffsets | ErrorCode
+    ]:
+        """Local log start, high watermark and last stable offset, or the broker's error."""
+        start = await self.list_offsets(partitions, OffsetSpec.EARLIEST)
+        end = await self.list_offsets(partitions, OffsetSpec.LATEST)
+        stable = await self.list_offsets(partitions, OffsetSpec.LATEST, 1) if isolation_level else end
+        out: dict[tuple[str, int], PartitionOffsets | ErrorCode] = {}
+        for key, (error, offset, _, _) in start.items():
+            errors = [e for e in (error, end[key][0], stable[key][0]) if e != ErrorCode.none]
+            out[key] = errors[0] if errors else PartitionOffsets(offset, end[key][1], stable[key][1])
+        return out
+
+    async def aborted_at(self, topic: str, partition: int, offset: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted transactions the broker lists for a
+        READ_COMMITTED fetch at `offset` (the local log start): transactions that began
+        remotely and whose ABORT marker is local."""
+        response = await self._ask(
+            fetch12.FetchRequest(
+                max_wait=i32Timedelta.parse(datetime.timedelta(0)),
+                min_bytes=i32(0),
+                max_bytes=i32(1),
+                isolation_level=i8(1),
+                topics=(
+                    fetch12.FetchTopic(
+                        topic=topic,
+                        partitions=(
+                            fetch12.FetchPartition(
+                                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(1)
+                            ),
+                        ),
+                    ),
+                ),
+                forgotten_topics_data=(),
+            )
+        )
+        (partition_data,) = response.responses[0].partitions
+        return [(t.producer_id, t.first_offset) for t in partition_data.aborted_transactions or ()]
+

@@ -1,0 +1,370 @@
+"""Fetch: the tail from the broker, offsets it no longer keeps from the remote tier.
+
+Kafka's rule (ReplicaManager): a partition is read remotely only when
+`remote log start <= fetch offset < local log start`. The request goes to the broker
+on the client's own connection; for each partition it answers OFFSET_OUT_OF_RANGE,
+the handler asks the broker (same connection) for the local log start, and serves the
+partition from the remote tier when the rule holds. Anything else the broker says,
+authorization errors included, goes back unchanged.
+
+That OFFSET_OUT_OF_RANGE is the proof that the client may read the partition. It is
+kept for the connection, so later fetches of remote offsets skip the broker until they
+reach the local log start (re-reading the high watermark at most every second).
+
+Fetch sessions (KIP-227) are declined: the request goes to the broker without a
+session and the response carries session id 0, which every client (Java, librdkafka,
+aiokafka) treats as "no session": its next request is a full fetch again. Partitions
+served remotely then never confuse a broker-side session.
+
+Remote partitions are read concurrently on the reader pool, each within its
+partition_max_bytes and what is left of the response's max_bytes, the first
+partition with data getting at least one whole batch (KIP-74).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from kio.static.primitive import i32, i64
+
+from protocol.apis import ApiKey, ErrorCode
+from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, make_entity, response_schema
+from protocol.headers import RequestHeader
+from storage.errors import MetadataNotReady
+from storage.model import TopicIdPartition
+
+from ..reader_pool import ReadOutcome
+from ..remote_read import RemoteReadResult
+from ..tiered import RemoteTier
+from . import ConnectionContext, Forward, Interceptor, Response
+from .addresses import rewrite_node_endpoints
+from .broker_queries import BrokerQueries, PartitionOffsets, TierConnectionState, connection_state
+
+log = logging.getLogger("tierproxy.fetch")
+
+READ_COMMITTED = 1
+_NO_SESSION = 0
+_SESSIONLESS_EPOCH = -1  # KIP-227's FINAL_EPOCH with session id 0: a full fetch, no session
+
+
+class _Remote:
+    """One partition the remote tier answers in this request."""
+
+    __slots__ = ("topic_key", "request", "tp", "offsets", "outcome", "error")
+
+    def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets) -> None:
+        self.topic_key = topic_key
+        self.request = request
+        self.tp = tp
+        self.offsets = offsets
+        self.outcome: ReadOutcome[RemoteReadResult] | None = None
+        self.error: ErrorCode | None = None
+
+
+class FetchInterceptor(Interceptor):
+    api_key = ApiKey.FETCH
+    versions = INTERCEPTED[ApiKey.FETCH]
+
+    def __init__(self, tier: RemoteTier) -> None:
+        self.tier = tier
+
+    async def start(self) -> None:
+        await self.tier.start()
+
+    async def close(self) -> None:
+        await self.tier.close()
+
+    async def handle(
+        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
+    ) -> Response:
+        version = header.api_version
+        request = decode_request(ApiKey.FETCH, version, frame_body[header.header_size:])
+        state = connection_state(ctx.state)
+        queries = BrokerQueries(header, forward, state)
+        by_id = version >= 13
+
+        # Partitions already proven remote on this connection skip the broker.
+        direct = await self._direct_partitions(request, by_id, state, queries)
+        broker_request = self._broker_request(request, direct)
+
+        response = None
+        payload = None
+        if broker_request is not None:
+            if broker_request is request:
+                payload = await forward(frame_body)
+            else:
+                payload = await forward(encode_request(broker_request, header.correlation_id, header.client_id))
+            response = decode_response(ApiKey.FETCH, version, payload)
+
+        remote = list(direct.values())
+        if response is not None:
+            remote += await self._out_of_range(request, response, by_id, state, queries)
+        if not remote:
+            # The broker's answer as is (a declined session already reads session id 0).
+            rewritten = await rewrite_node_endpoints(ctx, response)
+            return payload if rewritten is response else rewritten
+
+        used = _records_bytes(response)
+        await self._read(remote, request, used)
+        merged = await self._merge(request, response, remote, queries, used)
+        return await rewrite_node_endpoints(ctx, merged)
+
+    # ------------------------------------------------------------------ splitting
+
+    async def _direct_partitions(
+        self, request: Any, by_id: bool, state: TierConnectionState, queries: BrokerQueries
+    ) -> dict[tuple[Any, int], _Remote]:
+        if not state.proven:
+            return {}
+        candidates = []
+        for topic in request.topics:
+            topic_id = topic.topic_id if by_id else state.topic_ids.get(topic.topic)
+            if topic_id is None:
+                continue
+            for partition in topic.partitions:
+                offsets = state.proven.get((topic_id, partition.partition))
+                if offsets is not None and partition.fetch_offset < offsets.local_log_start:
+                    candidates.append((topic, topic_id, partition, offsets))
+        if not candidates:
+            return {}
+        stale = {(self._name(t, by_id, state), p.partition) for t, _, p, o in candidates if o.stale}
+        if stale:
+            await self._refresh(stale, request.isolation_level, state, queries)
+        direct = {}
+        for topic, topic_id, partition, _ in candidates:
+            offsets = state.proven.get((topic_id, partition.partition))
+            name = self._name(topic, by_id, state)
+            if offsets is None or name is None or partition.fetch_offset >= offsets.local_log_start:
+                continue
+            key = (topic.topic_id if by_id else topic.topic, partition.partition)
+            direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition), offsets)
+        return direct
+
+    @staticmethod
+    def _name(topic: Any, by_id: bool, state: TierConnectionState) -> str | None:
+        return state.topic_names.get(topic.topic_id) if by_id else topic.topic
+
+    async def _refresh(
+        self, partitions: Iterable[tuple[str, int]], isolation_level: int, state: TierConnectionState,
+        queries: BrokerQueries,
+    ) -> None:
+        wanted: dict[str, list[int]] = {}
+        for name, partition in partitions:
+            wanted.setdefault(name, []).append(partition)
+        answers = await queries.partition_offsets(wanted, isolation_level)
+        for (name, partition), answer in answers.items():
+            topic_id = state.topic_ids.get(name)
+            if topic_id is None:
+                continue
+            if isinstance(answer, PartitionOffsets):
+                state.proven[(topic_id, partition)] = answer
+            else:  # the broker refuses now (ACLs changed, topic gone): prove again
+                state.proven.pop((topic_id, partition), None)
+
+    def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote]) -> Any | None:
+        """The request for the broker: without the directly served partitions and
+        without a fetch session. None when nothing is left for the broker."""
+        topics = request.topics
+        if direct:
+            topics = []
+            for topic in request.topics:
+                key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+                partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
+                if partitions:
+                    topics.append(dataclasses.replace(topic, partitions=partitions))
+            if not topics:
+                return None
+            topics = tuple(topics)
+        if topics is request.topics and not _declined(request):
+            return request
+        changes: dict[str, Any] = {"topics": topics}
+        if hasattr(request, "session_id"):
+            changes.update(session_id=i32(_NO_SESSION), session_epoch=i32(_SESSIONLESS_EPOCH),
+                           forgotten_topics_data=())
+        return dataclasses.replace(request, **changes)
+
+    async def _out_of_range(
+        self, request: Any, response: Any, by_id: bool, state: TierConnectionState, queries: BrokerQueries
+    ) -> list[_Remote]:
+        """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start."""
+        out_of_range = []
+        requested = {
+            (t.topic_id if by_id else t.topic, p.partition): p for t in request.topics for p in t.partitions
+        }
+        for topic in response.responses:
+            key = topic.topic_id if by_id else topic.topic
+            for partition in topic.partitions:
+                if partition.error_code == ErrorCode.offset_out_of_range:
+                    fetch_partition = requested.get((key, partition.partition_index))
+                    if fetch_partition is not None:
+                        out_of_range.append((key, fetch_partition))
+        if not out_of_range:
+            return []
+        if by_id:
+            names = {tp.topic_id: tp.topic for tp in self.tier.rlmm.partitions()}
+            for topic_id, name in names.items():
+                if topic_id not in state.topic_names:
+                    state.learn_topic(name, topic_id)
+        else:
+            await queries.topic_ids({key for key, _ in out_of_range})
+        candidates = []
+        for key, fetch_partition in out_of_range:
+            topic_id = key if by_id else state.topic_ids.get(key)
+            name = state.topic_names.get(key) if by_id else key
+            if topic_id is None or name is None:
+                continue  # nothing remote for a topic the metadata does not know
+            tp = TopicIdPartition(topic_id, name, fetch_partition.partition)
+            try:
+                remote_start = self.tier.remote_log_start(tp)
+            except MetadataNotReady:
+                remote_start = -1  # decided below, once the broker's offsets are known
+            if remote_start is None or fetch_partition.fetch_offset < max(remote_start, 0):
+                continue  # below the remote log start: the client's reset policy applies
+            candidates.append((key, fetch_partition, tp))
+        if not candidates:
+            return []
+        await self._refresh({(tp.topic, tp.partition) for _, _, tp in candidates}, request.isolation_level, state,
+                            queries)
+        remote = []
+        for key, fetch_partition, tp in candidates:
+            offsets = state.proven.get((tp.topic_id, tp.partition))
+            if offsets is None or fetch_partition.fetch_offset >= offsets.local_log_start:
+                state.proven.pop((tp.topic_id, tp.partition), None)
+                continue  # above the log end, or the broker refuses: its answer stands
+            remote.append(_Remote(key, fetch_partition, tp, offsets))
+        return remote
+
+    # ------------------------------------------------------------------ reading
+
+    async def _read(self, remote: list[_Remote], request: Any, used: int) -> None:
+        budget = max(request.max_bytes - used, 0)
+        first = True
+
+        async def read(entry: _Remote, min_one_batch: bool) -> None:
+            try:
+                if self.tier.remote_log_start(entry.tp) is None:
+                    entry.error = ErrorCode.offset_out_of_range
+                    return
+            except MetadataNotReady as e:
+                entry.error = self.tier.error_code_for(entry.tp, e)
+                return
+            entry.outcome = await self.tier.engine.read(
+                entry.tp,
+                entry.request.fetch_offset,
+                min(entry.request.partition_max_bytes, budget),
+                min_one_batch=min_one_batch,
+                leader_epoch=getattr(entry.request, "current_leader_epoch", -1),
+                isolation_level=request.isolation_level,
+            )
+
+        tasks = []
+        for entry in remote:
+            tasks.append(read(entry, first and used == 0))
+            first = False
+        await asyncio.gather(*tasks)
+
+    # ------------------------------------------------------------------ the response
+
+    async def _merge(
+        self, request: Any, response: Any | None, remote: list[_Remote], queries: BrokerQueries, used: int
+    ) -> Any:
+        schema = response_schema(ApiKey.FETCH, request.__version__)
+        module = __import__(schema.__module__, fromlist=["PartitionData"])
+        by_key = {(e.topic_key, e.request.partition): e for e in remote}
+        broker = {}
+        if response is not None:
+            for topic in response.responses:
+                key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+                for partition in topic.partitions:
+                    broker[(key, partition.partition_index)] = partition
+        budget = max(request.max_bytes - used, 0)
+        topics = []
+        for topic in request.topics:
+            key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+            partitions = []
+            for fetch_partition in topic.partitions:
+                entry = by_key.get((key, fetch_partition.partition))
+                if entry is None:
+                    partition = broker.get((key, fetch_partition.partition))
+                    if partition is not None:
+                        partitions.append(partition)
+                    continue
+                partition, size = await self._remote_partition(module, entry, request, queries, budget, used)
+                budget -= size
+                used += size
+                partitions.append(partition)
+            if partitions:
+                topics.append(make_entity(module.FetchableTopicResponse, topic=getattr(topic, "topic", None),
+                                    topic_id=getattr(topic, "topic_id", None), partitions=tuple(partitions)))
+        if response is not None:
+            return dataclasses.replace(response, responses=tuple(topics))
+        return make_entity(schema, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(_NO_SESSION),
+                     responses=tuple(topics))
+
+    async def _remote_partition(
+        self, module: Any, entry: _Remote, request: Any, queries: BrokerQueries, budget: int, used: int
+    ) -> tuple[Any, int]:
+        offsets = entry.offsets
+        error = entry.error
+        records = b""
+        log_start = -1
+        aborted = None
+        outcome = entry.outcome
+        if error is None and outcome is not None:
+            if outcome.error is not None:
+                error = self.tier.error_code_for(entry.tp, outcome.error)
+            elif outcome.value is not None:
+                result = outcome.value
+                log_start = result.log_start_offset
+                if result.offset_out_of_range:
+                    error = ErrorCode.offset_out_of_range
+                # Whole batches that fit what is left of the response (the first with data always does).
+                elif result.records_size and (result.records_size <= budget or used == 0):
+                    records = b"".join(result.records)
+                    self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
+                    if request.isolation_level == READ_COMMITTED:
+                        aborted = await self._aborted(module, entry, result, queries)
+        if aborted is None and request.isolation_level == READ_COMMITTED and error is None:
+            aborted = ()
+        partition = make_entity(
+            module.PartitionData,
+            partition_index=i32(entry.request.partition),
+            error_code=error if error is not None else ErrorCode.none,
+            high_watermark=i64(offsets.high_watermark),
+            last_stable_offset=i64(offsets.last_stable_offset),
+            log_start_offset=i64(log_start),
+            aborted_transactions=aborted,
+            preferred_read_replica=i32(-1),
+            records=records,
+        )
+        return partition, len(records)
+
+    async def _aborted(self, module: Any, entry: _Remote, result: RemoteReadResult, queries: BrokerQueries):
+        found = {(t.producer_id, t.first_offset) for t in result.aborted_transactions or ()}
+        if not result.aborted_transactions_complete:
+            # An ABORT marker of a transaction served here may be in the local log.
+            last_served = result.next_fetch_offset - 1
+            local = await queries.aborted_at(entry.tp.topic, entry.tp.partition, entry.offsets.local_log_start)
+            found |= {(pid, first) for pid, first in local if first <= last_served}
+        return tuple(
+            make_entity(module.AbortedTransaction, producer_id=i64(pid), first_offset=i64(first))
+            for pid, first in sorted(found, key=lambda t: t[1])
+        )
+
+
+def _declined(request: Any) -> bool:
+    """Whether the client asked for a fetch session the proxy must decline."""
+    return getattr(request, "session_id", _NO_SESSION) != _NO_SESSION or getattr(
+        request, "session_epoch", _SESSIONLESS_EPOCH
+    ) != _SESSIONLESS_EPOCH
+
+
+def _records_bytes(response: Any | None) -> int:
+    if response is None:
+        return 0
+    return sum(len(p.records or b"") for t in response.responses for p in t.partitions)

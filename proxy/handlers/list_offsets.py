@@ -1,0 +1,198 @@
+"""ListOffsets over the whole log, remote part included.
+
+| timestamp | answer |
+|---|---|
+| -1 LATEST (v1+) | the broker's |
+| -2 EARLIEST (v1+) | the remote log start when remote data exists, else the broker's |
+| -3 MAX_TIMESTAMP (v7+) | the larger of the broker's and the remote maximum |
+| -4 EARLIEST_LOCAL_TIMESTAMP (v8+) | the broker's local log start (its -4, or its -2 if older), timestamp -1 |
+| -5 LATEST_TIERED_TIMESTAMP (v9+) | the highest remote offset, -1 when nothing is remote |
+| >= 0 | the first remote record at or after it when the remote log has one, else the broker's |
+
+Every partition still goes to the broker (on the client's connection) so that its
+authorization and errors apply; -5 is sent as -2 for that. A special timestamp below
+its minimum version gets UNSUPPORTED_VERSION for that partition, as Kafka does. The
+proxy advertises ListOffsets up to v9 even to an older broker and sends the broker
+the highest version it supports, translating -4 into -2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from typing import Any
+
+from kio.static.primitive import i32, i64
+
+from protocol.apis import ApiKey, ErrorCode, OffsetSpec
+from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, make_entity
+from protocol.codecs import request_schema, response_schema
+from protocol.headers import RequestHeader
+from storage.errors import MetadataNotReady, RemoteStorageError
+from storage.model import TopicIdPartition
+
+from ..tiered import RemoteTier
+from . import ConnectionContext, Forward, Interceptor, Response
+from .api_versions import BROKER_VERSIONS_KEY
+from .broker_queries import BrokerQueries, connection_state
+
+log = logging.getLogger("tierproxy.list_offsets")
+
+# The version that first allows -5; advertised even when the broker stops below it.
+_TIERED_VERSION = OffsetSpec.LATEST_TIERED_TIMESTAMP.min_version
+
+
+class ListOffsetsInterceptor(Interceptor):
+    api_key = ApiKey.LIST_OFFSETS
+    versions = INTERCEPTED[ApiKey.LIST_OFFSETS]
+
+    def __init__(self, tier: RemoteTier) -> None:
+        self.tier = tier
+
+    def advertised_versions(self, broker_min: int, broker_max: int) -> tuple[int, int]:
+        top = self.versions.stop - 1
+        return max(broker_min, self.versions.start), min(max(broker_max, _TIERED_VERSION), top)
+
+    async def handle(
+        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
+    ) -> Response:
+        version = header.api_version
+        request = decode_request(ApiKey.LIST_OFFSETS, version, frame_body[header.header_size:])
+        broker_max = ctx.state.get(BROKER_VERSIONS_KEY, {}).get(ApiKey.LIST_OFFSETS, (0, version))[1]
+        send_version = min(version, broker_max)
+
+        unsupported: set[tuple[str, int]] = set()
+        asked: dict[tuple[str, int], int] = {}
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for partition in topic.partitions:
+                spec = partition.timestamp
+                key = (topic.name, partition.partition_index)
+                if spec < 0 and not _allowed(spec, version):
+                    unsupported.add(key)
+                    continue
+                asked[key] = spec
+                partitions.append(dataclasses.replace(partition, timestamp=i64(_for_broker(spec, send_version))))
+            if partitions:
+                topics.append(dataclasses.replace(topic, partitions=tuple(partitions)))
+
+        remote_names = {tp.topic for tp in self.tier.rlmm.partitions()}
+        needs_remote = any(
+            name in remote_names and spec != OffsetSpec.LATEST for (name, _), spec in asked.items()
+        )
+        if not unsupported and not needs_remote and send_version == version and not _translated(asked, send_version):
+            return await forward(frame_body)  # nothing for the proxy to add
+
+        answers: dict[tuple[str, int], Any] = {}
+        if topics:
+            forwarded = _convert(request_schema(ApiKey.LIST_OFFSETS, send_version), request, topics=tuple(topics))
+            payload = await forward(encode_request(forwarded, header.correlation_id, header.client_id))
+            response = decode_response(ApiKey.LIST_OFFSETS, send_version, payload)
+            answers = {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
+        topic_ids: dict[str, Any] = {}
+        if needs_remote:
+            queries = BrokerQueries(header, forward, connection_state(ctx.state))
+            topic_ids = await queries.topic_ids({name for name, _ in asked if name in remote_names})
+
+        schema = response_schema(ApiKey.LIST_OFFSETS, version)
+        module = __import__(schema.__module__, fromlist=["ListOffsetsPartitionResponse"])
+        out_topics = []
+        for topic in request.topics:
+            partitions = []
+            for partition in topic.partitions:
+                key = (topic.name, partition.partition_index)
+                if key in unsupported:
+                    answer = dict(error_code=ErrorCode.unsupported_version)
+                else:
+                    answer = await self._answer(key, asked[key], answers.get(key), topic_ids.get(topic.name))
+                partitions.append(
+                    make_entity(module.ListOffsetsPartitionResponse, partition_index=partition.partition_index,
+                                **_typed(answer))
+                )
+            out_topics.append(make_entity(module.ListOffsetsTopicResponse, name=topic.name,
+                                          partitions=tuple(partitions)))
+        return make_entity(schema, throttle_time=datetime.timedelta(0), topics=tuple(out_topics))
+
+    async def _answer(self, key: tuple[str, int], spec: int, broker: Any, topic_id: Any) -> dict[str, Any]:
+        if broker is None:
+            return dict(error_code=ErrorCode.unknown_server_error)
+        answer = dict(error_code=broker.error_code, timestamp=broker.timestamp, offset=broker.offset,
+                      leader_epoch=getattr(broker, "leader_epoch", -1))
+        if broker.error_code != ErrorCode.none:
+            return answer
+        if spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
+            answer["timestamp"] = -1
+        if spec == OffsetSpec.LATEST or spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
+            return answer
+        tp = TopicIdPartition(topic_id, key[0], key[1]) if topic_id is not None else None
+        if tp is None:
+            if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
+                answer.update(timestamp=-1, offset=-1, leader_epoch=-1)
+            return answer
+        reader = self.tier.engine.reader
+        try:
+            if spec == OffsetSpec.EARLIEST:
+                remote = reader.earliest_remote_offset(tp)
+                if remote is not None and remote.offset < broker.offset:
+                    answer.update(timestamp=-1, offset=remote.offset, leader_epoch=remote.leader_epoch)
+            elif spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
+                remote = reader.latest_tiered_offset(tp)
+                answer.update(timestamp=-1, offset=remote.offset if remote else -1,
+                              leader_epoch=remote.leader_epoch if remote else -1)
+            elif spec == OffsetSpec.MAX_TIMESTAMP:
+                remote = await reader.max_timestamp(tp)
+                if remote is not None and remote.timestamp > broker.timestamp:
+                    answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
+            elif spec >= 0:
+                remote = await reader.offset_for_timestamp(tp, spec)
+                if remote is not None and (broker.offset < 0 or remote.offset < broker.offset):
+                    answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
+        except (MetadataNotReady, RemoteStorageError) as e:
+            answer = dict(error_code=self.tier.error_code_for(tp, e))
+        return answer
+
+
+def _allowed(spec: int, version: int) -> bool:
+    try:
+        return OffsetSpec(spec).min_version <= version
+    except ValueError:
+        return True  # other negative timestamps: the broker decides
+
+
+def _for_broker(spec: int, version: int) -> int:
+    if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
+        return OffsetSpec.EARLIEST  # only the broker's authorization matters
+    if spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP and not _allowed(spec, version):
+        return OffsetSpec.EARLIEST  # an older broker's -2 is its local log start
+    return spec
+
+
+def _translated(asked: dict[tuple[str, int], int], version: int) -> bool:
+    return any(_for_broker(spec, version) != spec for spec in asked.values())
+
+
+def _convert(schema: type, entity: Any, **changes: Any) -> Any:
+    """`entity` as another version of its schema (fields that version lacks are dropped)."""
+    module = __import__(schema.__module__, fromlist=["ListOffsetsTopic"])
+    values = {f.name: getattr(entity, f.name) for f in dataclasses.fields(entity)}
+    values.update(changes)
+    if "topics" in values:
+        values["topics"] = tuple(
+            make_entity(module.ListOffsetsTopic, name=t.name, partitions=tuple(
+                make_entity(module.ListOffsetsPartition, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+                for p in t.partitions))
+            for t in values["topics"]
+        )
+    values.setdefault("replica_id", i32(-1))
+    values.setdefault("timeout", datetime.timedelta(0))
+    return make_entity(schema, **values)
+
+
+def _typed(answer: dict[str, Any]) -> dict[str, Any]:
+    out = {"error_code": ErrorCode(answer["error_code"])}
+    for name, cast in (("timestamp", i64), ("offset", i64), ("leader_epoch", i32)):
+        if name in answer:
+            out[name] = cast(answer[name])
+    return out

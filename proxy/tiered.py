@@ -1,0 +1,95 @@
+"""The remote tier as the proxy's handlers share it: storage, metadata, the read engine,
+and the Kafka error code that stands for TIERED_STORAGE_NOT_AVAILABLE.
+
+Kafka never shipped a wire code named TIERED_STORAGE_NOT_AVAILABLE; it answers a failed
+remote read with UNKNOWN_SERVER_ERROR and metadata that is not ready with
+REPLICA_NOT_AVAILABLE. The proxy keeps the name in its logs and metrics and sends
+`tiered.storage.not.available.error.code` (default -1) on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from prometheus_client import CollectorRegistry
+
+from protocol.apis import ErrorCode
+from storage.errors import MetadataNotReady, RemoteStorageError
+from storage.factory import remote_log_metadata_manager, remote_storage_manager
+from storage.metadata import RemoteLogMetadataManager
+from storage.model import TopicIdPartition
+from storage.rsm import RemoteStorageManager
+
+from .config import Config
+from .remote_metrics import RemoteMetrics
+from .remote_read import RemoteReadEngine
+
+log = logging.getLogger("tierproxy.tiered")
+
+# How often a reader of the file metadata store picks up what the pipeline appended.
+METADATA_REFRESH_S = 1.0
+
+
+class RemoteTier:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        rsm: RemoteStorageManager | None = None,
+        rlmm: RemoteLogMetadataManager | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.rsm = rsm if rsm is not None else remote_storage_manager(config)
+        self.rlmm = rlmm if rlmm is not None else remote_log_metadata_manager(config, read_only=True)
+        self.metrics = RemoteMetrics(registry) if registry is not None else RemoteMetrics()
+        self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics)
+        self.unavailable_code = ErrorCode(config["tiered.storage.not.available.error.code"])
+        self._refresher: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.rlmm.start()
+        await self.engine.start()
+        if hasattr(self.rlmm, "refresh"):
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_metadata())
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self.engine.close()
+        await self.rlmm.close()
+        await self.rsm.close()
+
+    async def _refresh_metadata(self) -> None:
+        while True:
+            await asyncio.sleep(METADATA_REFRESH_S)
+            try:
+                await self.rlmm.refresh()
+            except Exception:  # a bad read now is retried next time; serving goes on
+                log.exception("refreshing the remote log metadata failed")
+
+    def partition(self, topic_id: uuid.UUID, topic: str, partition: int) -> TopicIdPartition:
+        return TopicIdPartition(topic_id, topic, partition)
+
+    def remote_log_start(self, tp: TopicIdPartition) -> int | None:
+        """The remote log start offset, or None when the partition has nothing remote.
+        Raises MetadataNotReady while its metadata loads."""
+        return self.rlmm.log_start_offset(tp)
+
+    def error_code_for(self, tp: TopicIdPartition, error: BaseException) -> ErrorCode:
+        """The wire code of a failed remote read, logged and counted under Kafka's names."""
+        if isinstance(error, MetadataNotReady):
+            log.warning("remote log metadata of %s is not ready: REPLICA_NOT_AVAILABLE", tp)
+            return ErrorCode.replica_not_available
+        reason = type(error).__name__
+        if isinstance(error, RemoteStorageError):
+            log.warning("TIERED_STORAGE_NOT_AVAILABLE for %s (%s): %s", tp, reason, error)
+        else:
+            log.error("TIERED_STORAGE_NOT_AVAILABLE for %s: unexpected %s", tp, reason, exc_info=error)
+        self.metrics.tiered_storage_not_available(tp.topic, reason)
+        return self.unavailable_code

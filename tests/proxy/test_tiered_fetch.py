@@ -1,0 +1,194 @@
+"""Consumers read from offset 0 through the proxy after the broker's log was trimmed:
+the old part comes from the remote tier, the rest from the broker, and every client
+sees every record exactly once, in order. READ_COMMITTED hides aborted records on
+both sides of the remote/local boundary, including a transaction split by it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from pipeline.cluster import Cluster
+from protocol.records import iter_batches
+from proxy.kafka_connection import KafkaConnection
+from storage.local import LocalRemoteStorageManager
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from storage.model import TopicIdPartition
+from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed
+from tests.helpers.remote_tier import fetch_raw_log, latest_offset, tier_log, topic_id_of
+from tests.proxy.test_passthrough import (
+    ProxyThread,
+    confluent_key,
+    consume_aiokafka,
+    consume_confluent,
+    expected_keys,
+    proxy_config,
+    record_key,
+)
+
+PARTITIONS = 3
+pytestmark = pytest.mark.timeout(300)
+
+
+class Tiered:
+    def __init__(self, topic: str, records: list[ProducedRecord], boundary: dict[int, int], root: Path) -> None:
+        self.topic = topic
+        self.records = records
+        self.boundary = boundary  # partition -> the broker's new local log start
+        self.root = root
+
+
+def _split_aborted_transaction(bootstrap: str, topic: str) -> list[ProducedRecord]:
+    """An aborted transaction on partition 0 in two batches (flushed apart), so that the
+    remote/local boundary can fall between them."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"split-{topic}", "linger.ms": 0})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    records: list[ProducedRecord] = []
+
+    def delivered(err, msg):
+        assert err is None, err
+        records.append(ProducedRecord(0, msg.offset(), msg.key(), msg.value(), (), msg.timestamp()[1], False,
+                                      "split-abort"))
+
+    for half in range(2):
+        for i in range(5):
+            key = f"split-{half}-{i}".encode()
+            producer.produce(topic, key=key, value=key * 3, partition=0, on_delivery=delivered)
+        producer.flush(30)
+    producer.abort_transaction(30)
+    return records
+
+
+@pytest.fixture(scope="module")
+def tiered(kafka_cluster, tmp_path_factory) -> Iterator[Tiered]:
+    """A topic whose first ~60% (per partition) is remote only, the broker trimmed."""
+    topic = f"tiered-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
+    bootstrap = kafka_cluster.bootstrap_servers
+    root = tmp_path_factory.mktemp("remote")
+
+    async def build() -> Tiered:
+        records = await produce_mixed(bootstrap, topic, PARTITIONS, per_codec=1500, per_transaction=150)
+        split = await asyncio.to_thread(_split_aborted_transaction, bootstrap, topic)
+        records += split
+        records += await produce_codecs(bootstrap, topic, PARTITIONS, 300)
+        records.sort(key=lambda r: (r.partition, r.offset))
+        host, port = kafka_cluster.brokers[0][1:]
+        boundary = {}
+        async with await KafkaConnection.open(host, port) as conn:
+            topic_id = await topic_id_of(conn, topic)
+            rsm = LocalRemoteStorageManager(root / "remote")
+            rlmm = FileRemoteLogMetadataManager(root / "metadata")
+            await rlmm.start()
+            try:
+                for partition in range(PARTITIONS):
+                    end = await latest_offset(conn, topic, partition)
+                    log = await fetch_raw_log(conn, topic, partition, 0, end)
+                    batches = list(iter_batches(log))
+                    if partition == 0:
+                        # Between the two halves of the split aborted transaction.
+                        second_half = sorted(r.offset for r in split)[5]
+                        cut = next(b for b in batches if b.base_offset >= second_half)
+                    else:
+                        cut = next(b for b in batches if b.base_offset >= end * 6 // 10)
+                    boundary[partition] = cut.base_offset
+                    await tier_log(log[: cut.position], TopicIdPartition(topic_id, topic, partition), rsm=rsm,
+                                   rlmm=rlmm, work_dir=root / "work", segment_bytes=48 * 1024)
+            finally:
+                await rlmm.close()
+                await rsm.close()
+        async with Cluster([bootstrap]) as cluster:
+            topics = await cluster.topics([topic])
+            trimmed = await cluster.delete_records(topics, {(topic, p): o for p, o in boundary.items()})
+            assert trimmed == {(topic, p): o for p, o in boundary.items()}
+        return Tiered(topic, records, boundary, root)
+
+    yield asyncio.run(build())
+    kafka_cluster.delete_topic(topic)
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_cluster, tiered) -> Iterator[ProxyThread]:
+    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
+        "remote.log.storage.local.dir": tiered.root / "remote",
+        "remote.log.metadata.dir": tiered.root / "metadata",
+        "remote.log.chunk.size.bytes": 64 * 1024,
+    })
+    proxy = ProxyThread(config).start()
+    yield proxy
+    proxy.stop()
+
+
+def test_the_broker_no_longer_has_the_remote_part(kafka_cluster, tiered):
+    consumed = asyncio.run(consume_aiokafka(kafka_cluster.bootstrap_servers, tiered.topic, len(tiered.records),
+                                            isolation_level="read_uncommitted"))
+    # Straight from the broker, the consumer resets to the local log start.
+    assert min(r.offset for r in consumed if r.partition == 1) == tiered.boundary[1]
+    assert len(consumed) < len(tiered.records)
+
+
+async def test_aiokafka_reads_everything_through_the_proxy(proxy, tiered):
+    consumed = await consume_aiokafka(proxy.bootstrap_servers, tiered.topic, len(tiered.records),
+                                      isolation_level="read_uncommitted")
+    assert [record_key(r) for r in sorted(consumed, key=lambda r: (r.partition, r.offset))] == expected_keys(
+        tiered.records)
+    by_key = {(r.partition, r.offset): r for r in tiered.records}
+    for record in consumed:
+        produced = by_key[(record.partition, record.offset)]
+        assert tuple(record.headers) == produced.headers and record.timestamp == produced.timestamp_ms
+    served = proxy.metrics.value("tierproxy_remote_partitions_served_total", {"topic": tiered.topic})
+    assert served > 0
+
+
+async def test_aiokafka_read_committed_hides_aborted_on_both_sides(proxy, tiered):
+    consumed = await consume_aiokafka(proxy.bootstrap_servers, tiered.topic,
+                                      len(expected_keys(tiered.records, read_committed=True)),
+                                      isolation_level="read_committed")
+    got = [record_key(r) for r in sorted(consumed, key=lambda r: (r.partition, r.offset))]
+    assert got == expected_keys(tiered.records, read_committed=True)
+    assert not any(r.key.startswith(b"split-") for r in consumed)
+
+
+def test_confluent_kafka_both_isolation_levels(proxy, tiered):
+    for isolation, committed_only in (("read_uncommitted", False), ("read_committed", True)):
+        expected = expected_keys(tiered.records, read_committed=committed_only)
+        messages = consume_confluent(proxy.bootstrap_servers, tiered.topic, len(expected),
+                                     **{"isolation.level": isolation})
+        assert sorted(confluent_key(m) for m in messages) == expected, isolation
+
+
+def test_kcat_reads_every_committed_record(proxy, tiered):
+    committed = expected_keys(tiered.records, read_committed=True)
+    result = subprocess.run(
+        ["kcat", "-b", proxy.bootstrap_servers, "-C", "-t", tiered.topic, "-o", "beginning", "-e", "-q",
+         "-X", "isolation.level=read_committed", "-f", "%p %o %k\\n"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = sorted((int(p), int(o), k) for p, o, k in (line.split(" ") for line in result.stdout.splitlines() if line))
+    assert lines == sorted((p, o, k.decode()) for p, o, k, _ in committed)
+
+
+def test_java_console_consumer_reads_every_committed_record(kafka_cluster, proxy, tiered):
+    committed = expected_keys(tiered.records, read_committed=True)
+    result = kafka_cluster.java_tool(
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server", proxy.bootstrap_servers, "--topic", tiered.topic, "--from-beginning",
+        "--max-messages", str(len(committed)), "--timeout-ms", "30000",
+        "--isolation-level", "read_committed",
+        "--property", "print.key=true", "--property", "print.value=false",
+        "--property", "print.partition=true", "--property", "print.offset=true",
+        timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = []
+    for line in result.stdout.splitlines():
+        if line.startswith("Partition:"):
+            partition, offset, key = line.split("\t")[:3]
+            got.append((int(partition.split(":")[1]), int(offset.split(":")[1]), key))
+    assert sorted(got) == sorted((p, o, k.decode()) for p, o, k, _ in committed)
