@@ -42,6 +42,8 @@ def spark_session(config: Config, conf: Mapping[str, str] | None = None):
     # The pipeline prints its own progress; Spark's console bar would interleave with it.
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if is_loopback_master(master) and not submitted.contains("spark.driver.host"):
+        # SPARK_LOCAL_IP too: the JVM picks its address before any setting is read.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
