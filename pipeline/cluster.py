@@ -7,23 +7,23 @@ as the broker stores them.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kio.schema.delete_records.v2 import request as delete_records
-from kio.schema.fetch.v12 import request as fetch
-from kio.schema.list_offsets.v7 import request as list_offsets
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.static.primitive import i8, i32, i32Timedelta, i64
-
 from protocol.apis import ErrorCode, OffsetSpec, error_name
+from protocol.requests import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    delete_records_request,
+    fetch_request,
+    list_offsets_request,
+    metadata_request,
+)
 from proxy.kafka_connection import KafkaConnection
 
-READ_UNCOMMITTED = 0
-READ_COMMITTED = 1
+__all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "ListedOffset", "PartitionInfo", "TopicInfo"]
 
 
 class ClusterError(RuntimeError):
@@ -53,10 +53,6 @@ class ListedOffset:
     offset: int
     timestamp: int
     leader_epoch: int
-
-
-def _ms(value: int) -> i32Timedelta:
-    return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
 
 
 class Cluster:
@@ -114,10 +110,7 @@ class Cluster:
 
     async def topics(self, names: Iterable[str] | None = None) -> dict[str, TopicInfo]:
         """Topics by name (all of them when `names` is None); unknown names are left out."""
-        wanted = None if names is None else tuple(MetadataRequestTopic(topic_id=None, name=n) for n in names)
-        response = await (await self._any()).request(
-            MetadataRequest(topics=wanted, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
-        )
+        response = await (await self._any()).request(metadata_request(names))
         self._brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
         topics = {}
         for topic in response.topics:
@@ -147,22 +140,7 @@ class Cluster:
             by_leader[topics[topic].partitions[partition].leader][topic].append(partition)
 
         async def ask(leader: int, wanted: dict[str, list[int]]):
-            return await (await self._node(leader)).request(
-                list_offsets.ListOffsetsRequest(
-                    replica_id=i32(-1),
-                    isolation_level=i8(isolation_level),
-                    topics=tuple(
-                        list_offsets.ListOffsetsTopic(
-                            name=name,
-                            partitions=tuple(
-                                list_offsets.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(spec))
-                                for p in ps
-                            ),
-                        )
-                        for name, ps in wanted.items()
-                    ),
-                )
-            )
+            return await (await self._node(leader)).request(list_offsets_request(wanted, spec, isolation_level))
 
         responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
         out = {}
@@ -186,23 +164,7 @@ class Cluster:
         the kio partition response, records as the broker sent them."""
         leader = topics[topic].partitions[partition].leader
         response = await (await self._node(leader)).request(
-            fetch.FetchRequest(
-                max_wait=_ms(max_wait_ms),
-                min_bytes=i32(1),
-                max_bytes=i32(max_bytes),
-                isolation_level=i8(READ_UNCOMMITTED),
-                topics=(
-                    fetch.FetchTopic(
-                        topic=topic,
-                        partitions=(
-                            fetch.FetchPartition(
-                                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)
-                            ),
-                        ),
-                    ),
-                ),
-                forgotten_topics_data=(),
-            )
+            fetch_request(topic, partition, offset, max_bytes, max_wait_ms=max_wait_ms)
         )
         if response.error_code != ErrorCode.none:
             raise ClusterError(f"Fetch {topic}-{partition}: {error_name(response.error_code)}", response.error_code)
@@ -220,20 +182,7 @@ class Cluster:
 
         async def ask(leader: int, wanted: dict[str, list[tuple[int, int]]]):
             return await (await self._node(leader)).request(
-                delete_records.DeleteRecordsRequest(
-                    topics=tuple(
-                        delete_records.DeleteRecordsTopic(
-                            name=name,
-                            partitions=tuple(
-                                delete_records.DeleteRecordsPartition(partition_index=i32(p), offset=i64(o))
-                                for p, o in ps
-                            ),
-                        )
-                        for name, ps in wanted.items()
-                    ),
-                    timeout=_ms(timeout_ms),
-                ),
-                timeout=timeout_ms / 1000 + 10,
+                delete_records_request(wanted, timeout_ms), timeout=timeout_ms / 1000 + 10
             )
 
         responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))

@@ -11,18 +11,13 @@ are accepted by every Kafka 3.x and 4.x broker.
 
 from __future__ import annotations
 
-import datetime
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.list_offsets.v7 import request as list_offsets7
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.static.primitive import i8, i32, i32Timedelta, i64
-
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.codecs import decode_response, encode_request
+from protocol.requests import READ_COMMITTED, fetch_request, list_offsets_request, metadata_request
 from protocol.headers import RequestHeader
 
 from . import Forward
@@ -81,13 +76,7 @@ class BrokerQueries:
         unauthorized topics are left out."""
         missing = sorted(n for n in names if n not in self.state.topic_ids)
         if missing:
-            response = await self._ask(
-                MetadataRequest(
-                    topics=tuple(MetadataRequestTopic(topic_id=None, name=n) for n in missing),
-                    allow_auto_topic_creation=False,
-                    include_topic_authorized_operations=False,
-                )
-            )
+            response = await self._ask(metadata_request(missing))
             for topic in response.topics:
                 if topic.error_code == ErrorCode.none and topic.topic_id is not None:
                     self.state.learn_topic(topic.name, topic.topic_id)
@@ -96,9 +85,7 @@ class BrokerQueries:
     async def topic_names(self, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
         """Names of topic ids, from Metadata of every topic when one is not known yet."""
         if any(i not in self.state.topic_names for i in ids):
-            response = await self._ask(
-                MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
-            )
+            response = await self._ask(metadata_request(None))
             for topic in response.topics:
                 if topic.error_code == ErrorCode.none and topic.topic_id is not None:
                     self.state.learn_topic(topic.name, topic.topic_id)
@@ -108,22 +95,7 @@ class BrokerQueries:
         self, partitions: dict[str, list[int]], spec: int, isolation_level: int = 0
     ) -> dict[tuple[str, int], tuple[ErrorCode, int, int, int]]:
         """(error, offset, timestamp, leader epoch) per (topic, partition)."""
-        response = await self._ask(
-            list_offsets7.ListOffsetsRequest(
-                replica_id=i32(-1),
-                isolation_level=i8(isolation_level),
-                topics=tuple(
-                    list_offsets7.ListOffsetsTopic(
-                        name=name,
-                        partitions=tuple(
-                            list_offsets7.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(spec))
-                            for p in ps
-                        ),
-                    )
-                    for name, ps in partitions.items()
-                ),
-            )
-        )
+        response = await self._ask(list_offsets_request(partitions, spec, isolation_level))
         return {
             (topic.name, p.partition_index): (ErrorCode(p.error_code), p.offset, p.timestamp, p.leader_epoch)
             for topic in response.topics
@@ -136,7 +108,7 @@ class BrokerQueries:
         """Local log start, high watermark and last stable offset, or the broker's error."""
         start = await self.list_offsets(partitions, OffsetSpec.EARLIEST)
         end = await self.list_offsets(partitions, OffsetSpec.LATEST)
-        stable = await self.list_offsets(partitions, OffsetSpec.LATEST, 1) if isolation_level else end
+        stable = await self.list_offsets(partitions, OffsetSpec.LATEST, READ_COMMITTED) if isolation_level else end
         out: dict[tuple[str, int], PartitionOffsets | ErrorCode] = {}
         for key, (error, offset, _, _) in start.items():
             errors = [e for e in (error, end[key][0], stable[key][0]) if e != ErrorCode.none]
@@ -148,23 +120,7 @@ class BrokerQueries:
         READ_COMMITTED fetch at `offset` (the local log start): transactions that began
         remotely and whose ABORT marker is local."""
         response = await self._ask(
-            fetch12.FetchRequest(
-                max_wait=i32Timedelta.parse(datetime.timedelta(0)),
-                min_bytes=i32(0),
-                max_bytes=i32(1),
-                isolation_level=i8(1),
-                topics=(
-                    fetch12.FetchTopic(
-                        topic=topic,
-                        partitions=(
-                            fetch12.FetchPartition(
-                                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(1)
-                            ),
-                        ),
-                    ),
-                ),
-                forgotten_topics_data=(),
-            )
+            fetch_request(topic, partition, offset, 1, isolation_level=READ_COMMITTED, max_wait_ms=0, min_bytes=0)
         )
         (partition_data,) = response.responses[0].partitions
         return [(t.producer_id, t.first_offset) for t in partition_data.aborted_transactions or ()]

@@ -8,19 +8,14 @@ RemoteStorageManager and commit the metadata (COPY_SEGMENT_STARTED, then FINISHE
 
 from __future__ import annotations
 
-import datetime
 import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.list_offsets.v7 import request as list_offsets7
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.static.primitive import i8, i32, i32Timedelta, i64
-
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
+from protocol.requests import fetch_request, list_offsets_request, metadata_request
 from proxy.kafka_connection import KafkaConnection
 from storage.indexes import build_segment_indexes, segment_file_name, write_indexes
 from storage.indexes.producer_snapshot import ProducerState
@@ -38,13 +33,7 @@ FETCH_MAX_BYTES = 1 << 20
 
 
 async def topic_id_of(conn: KafkaConnection, topic: str) -> uuid.UUID:
-    response = await conn.request(
-        MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=None, name=topic),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        )
-    )
+    response = await conn.request(metadata_request([topic]))
     (described,) = response.topics
     if described.error_code != ErrorCode.none:
         raise RuntimeError(f"Metadata of {topic}: error {described.error_code}")
@@ -53,19 +42,7 @@ async def topic_id_of(conn: KafkaConnection, topic: str) -> uuid.UUID:
 
 async def latest_offset(conn: KafkaConnection, topic: str, partition: int) -> int:
     """The log end offset (ListOffsets LATEST, READ_UNCOMMITTED)."""
-    response = await conn.request(
-        list_offsets7.ListOffsetsRequest(
-            replica_id=i32(-1),
-            isolation_level=i8(0),
-            topics=(
-                list_offsets7.ListOffsetsTopic(
-                    name=topic,
-                    partitions=(list_offsets7.ListOffsetsPartition(partition_index=i32(partition),
-                                                                   timestamp=i64(OffsetSpec.LATEST)),),
-                ),
-            ),
-        )
-    )
+    response = await conn.request(list_offsets_request({topic: [partition]}, OffsetSpec.LATEST))
     (answer,) = response.topics[0].partitions
     if answer.error_code != ErrorCode.none:
         raise RuntimeError(f"ListOffsets of {topic}-{partition}: error {answer.error_code}")
@@ -80,22 +57,7 @@ async def fetch_raw_log(conn: KafkaConnection, topic: str, partition: int, start
     log = bytearray()
     offset = start
     while offset < end:
-        response = await conn.request(
-            fetch12.FetchRequest(
-                max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
-                min_bytes=i32(1),
-                max_bytes=i32(FETCH_MAX_BYTES),
-                isolation_level=i8(0),
-                topics=(
-                    fetch12.FetchTopic(
-                        topic=topic,
-                        partitions=(fetch12.FetchPartition(partition=i32(partition), fetch_offset=i64(offset),
-                                                           partition_max_bytes=i32(FETCH_MAX_BYTES)),),
-                    ),
-                ),
-                forgotten_topics_data=(),
-            )
-        )
+        response = await conn.request(fetch_request(topic, partition, offset, FETCH_MAX_BYTES))
         (answer,) = response.responses[0].partitions
         if answer.error_code != ErrorCode.none:
             raise RuntimeError(f"Fetch of {topic}-{partition} at {offset}: error {answer.error_code}")
