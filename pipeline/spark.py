@@ -32,13 +32,17 @@ def spark_session(config: Config, conf: Mapping[str, str] | None = None):
     from pyspark.sql import SparkSession
 
     # Under spark-submit the JVM already runs (it told us its gateway port) with the
-    # submitted master; otherwise pyspark's launcher defaults the master to local[*].
-    submitted = SparkConf()
-    if "PYSPARK_GATEWAY_PORT" in os.environ and submitted.contains("spark.master"):
-        master = submitted.get("spark.master")
-    else:
-        master = config["spark.master"]
-    builder = SparkSession.builder.master(master).appName(config["spark.app.name"])
+    # submitted settings as system properties; SparkConf reads them once the gateway is
+    # up. Otherwise pyspark's launcher would default the master to local[*].
+    submitted = SparkConf(loadDefaults=False)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()
+        submitted = SparkConf()
+    master = submitted.get("spark.master", None) or config["spark.master"]
+    app_name = submitted.get("spark.app.name", None) or config["spark.app.name"]
+    builder = SparkSession.builder.master(master).appName(app_name)
     # The pipeline prints its own progress; Spark's console bar would interleave with it.
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if is_loopback_master(master) and not submitted.contains("spark.driver.host"):
