@@ -22,8 +22,9 @@ from protocol.headers import RequestHeader
 
 from . import Forward
 
-# A proven partition's high watermark and LSO are re-read after this long; the proof
-# itself (OFFSET_OUT_OF_RANGE below the local log start) holds for the connection.
+# How long a proof (OFFSET_OUT_OF_RANGE below the local log start) and the offsets read
+# with it let fetches of the partition skip the broker; then the broker is asked again,
+# so that READ taken away and a moved high watermark apply within this time.
 OFFSETS_MAX_AGE_S = 1.0
 
 

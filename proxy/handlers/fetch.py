@@ -7,9 +7,12 @@ the handler asks the broker (same connection) for the local log start, and serve
 partition from the remote tier when the rule holds. Anything else the broker says,
 authorization errors included, goes back unchanged.
 
-That OFFSET_OUT_OF_RANGE is the proof that the client may read the partition. It is
-kept for the connection, so later fetches of remote offsets skip the broker until they
-reach the local log start (re-reading the high watermark at most every second).
+That OFFSET_OUT_OF_RANGE is the proof that the client may read the partition. For a
+second it lets later fetches of remote offsets on the connection skip the broker; then
+the partition goes to the broker again, whose answer renews the proof (and the high
+watermark). Kafka checks READ on every Fetch: renewing the proof with a Fetch, not with
+ListOffsets (which needs only DESCRIBE), makes a READ permission taken away apply to
+remote offsets within that second too.
 
 Fetch sessions (KIP-227) are declined: the request goes to the broker without a
 session and the response carries session id 0, which every client (Java, librdkafka,
@@ -19,22 +22,27 @@ served remotely then never confuse a broker-side session.
 Remote partitions are read concurrently on the reader pool, each within its
 partition_max_bytes and what is left of the response's max_bytes, the first
 partition with data getting at least one whole batch (KIP-74).
+
+The broker's response is never decoded by kio unless it names brokers (node endpoints,
+v16+): a scan of its partitions' error codes tells whether any is OFFSET_OUT_OF_RANGE,
+and if none is, it goes back as it came. A merged response is written as buffers: the
+broker's partitions as slices of its payload, remote records as the reader's slices
+(`fetch_wire`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-from kio.static.primitive import i32, i64
+from kio.static.primitive import i32
 
 from protocol.apis import ApiKey, ErrorCode
-from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, make_entity, response_schema
-from protocol.headers import RequestHeader
+from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, encode_response
+from protocol.headers import RequestHeader, parse_response_header, response_header_version
 from storage.errors import MetadataNotReady
 from storage.model import TopicIdPartition
 
@@ -44,6 +52,7 @@ from ..tiered import RemoteTier
 from . import ConnectionContext, Forward, Interceptor, Response
 from .addresses import rewrite_node_endpoints
 from .broker_queries import BrokerQueries, PartitionOffsets, TierConnectionState, connection_state
+from .fetch_wire import RemotePartition, ScannedResponse, encode_fetch_response, scan_fetch_response
 
 log = logging.getLogger("tierproxy.fetch")
 
@@ -89,60 +98,53 @@ class FetchInterceptor(Interceptor):
         by_id = version >= 13
 
         # Partitions already proven remote on this connection skip the broker.
-        direct = await self._direct_partitions(request, by_id, state, queries)
+        direct = self._direct_partitions(request, by_id, state)
         broker_request = self._broker_request(request, direct)
 
-        response = None
+        scan = None
         payload = None
         if broker_request is not None:
             if broker_request is request:
                 payload = await forward(frame_body)
             else:
                 payload = await forward(encode_request(broker_request, header.correlation_id, header.client_id))
-            response = decode_response(ApiKey.FETCH, version, payload)
+            scan = scan_fetch_response(payload, version)
 
         remote = list(direct.values())
-        if response is not None:
-            remote += await self._out_of_range(request, response, by_id, state, queries)
+        if scan is not None and scan.any_out_of_range:
+            remote += await self._out_of_range(request, scan, by_id, state, queries)
         if not remote:
             # The broker's answer as is (a declined session already reads session id 0).
+            if not scan.has_tagged_fields:
+                return payload
+            response = decode_response(ApiKey.FETCH, version, payload)
             rewritten = await rewrite_node_endpoints(ctx, response)
             return payload if rewritten is response else rewritten
 
-        used = _records_bytes(response)
+        used = scan.records_size if scan is not None else 0
         await self._read(remote, request, used)
-        merged = await self._merge(request, response, remote, queries, used)
-        return await rewrite_node_endpoints(ctx, merged)
+        return await self._merge(ctx, request, payload, scan, remote, queries, used)
 
     # ------------------------------------------------------------------ splitting
 
-    async def _direct_partitions(
-        self, request: Any, by_id: bool, state: TierConnectionState, queries: BrokerQueries
+    def _direct_partitions(
+        self, request: Any, by_id: bool, state: TierConnectionState
     ) -> dict[tuple[Any, int], _Remote]:
-        if not state.proven:
-            return {}
-        candidates = []
-        for topic in request.topics:
+        """Partitions proven remote on this connection less than a second ago; a stale
+        proof is renewed by the broker's answer to the Fetch itself (see above)."""
+        direct = {}
+        for topic in request.topics if state.proven else ():
             topic_id = topic.topic_id if by_id else state.topic_ids.get(topic.topic)
-            if topic_id is None:
+            name = self._name(topic, by_id, state)
+            if topic_id is None or name is None:
                 continue
             for partition in topic.partitions:
                 offsets = state.proven.get((topic_id, partition.partition))
-                if offsets is not None and partition.fetch_offset < offsets.local_log_start:
-                    candidates.append((topic, topic_id, partition, offsets))
-        if not candidates:
-            return {}
-        stale = {(self._name(t, by_id, state), p.partition) for t, _, p, o in candidates if o.stale}
-        if stale:
-            await self._refresh(stale, request.isolation_level, state, queries)
-        direct = {}
-        for topic, topic_id, partition, _ in candidates:
-            offsets = state.proven.get((topic_id, partition.partition))
-            name = self._name(topic, by_id, state)
-            if offsets is None or name is None or partition.fetch_offset >= offsets.local_log_start:
-                continue
-            key = (topic.topic_id if by_id else topic.topic, partition.partition)
-            direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition), offsets)
+                if offsets is None or offsets.stale or partition.fetch_offset >= offsets.local_log_start:
+                    continue
+                key = (topic.topic_id if by_id else topic.topic, partition.partition)
+                direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition),
+                                      offsets)
         return direct
 
     @staticmethod
@@ -189,16 +191,15 @@ class FetchInterceptor(Interceptor):
         return dataclasses.replace(request, **changes)
 
     async def _out_of_range(
-        self, request: Any, response: Any, by_id: bool, state: TierConnectionState, queries: BrokerQueries
+        self, request: Any, scan: ScannedResponse, by_id: bool, state: TierConnectionState, queries: BrokerQueries
     ) -> list[_Remote]:
         """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start."""
         out_of_range = []
         requested = {
             (t.topic_id if by_id else t.topic, p.partition): p for t in request.topics for p in t.partitions
         }
-        for topic in response.responses:
-            key = topic.topic_id if by_id else topic.topic
-            for partition in topic.partitions:
+        for key, partitions in scan.topics:
+            for partition in partitions:
                 if partition.error_code == ErrorCode.offset_out_of_range:
                     fetch_partition = requested.get((key, partition.partition_index))
                     if fetch_partition is not None:
@@ -271,47 +272,64 @@ class FetchInterceptor(Interceptor):
     # ------------------------------------------------------------------ the response
 
     async def _merge(
-        self, request: Any, response: Any | None, remote: list[_Remote], queries: BrokerQueries, used: int
-    ) -> Any:
-        schema = response_schema(ApiKey.FETCH, request.__version__)
-        module = __import__(schema.__module__, fromlist=["PartitionData"])
+        self, ctx: ConnectionContext, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
+        remote: list[_Remote], queries: BrokerQueries, used: int,
+    ) -> list[Any]:
+        """The response in request order: broker partitions as slices of its payload,
+        remote ones encoded here."""
         by_key = {(e.topic_key, e.request.partition): e for e in remote}
         broker = {}
-        if response is not None:
-            for topic in response.responses:
-                key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
-                for partition in topic.partitions:
-                    broker[(key, partition.partition_index)] = partition
+        if scan is not None:
+            view = memoryview(payload)
+            for key, partitions in scan.topics:
+                for partition in partitions:
+                    broker[(key, partition.partition_index)] = view[partition.start:partition.end]
         budget = max(request.max_bytes - used, 0)
         topics = []
         for topic in request.topics:
             key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
-            partitions = []
+            partitions: list[Any] = []
             for fetch_partition in topic.partitions:
                 entry = by_key.get((key, fetch_partition.partition))
                 if entry is None:
-                    partition = broker.get((key, fetch_partition.partition))
-                    if partition is not None:
-                        partitions.append(partition)
+                    span = broker.get((key, fetch_partition.partition))
+                    if span is not None:
+                        partitions.append(span)
                     continue
-                partition, size = await self._remote_partition(module, entry, request, queries, budget, used)
-                budget -= size
-                used += size
+                partition = await self._remote_partition(entry, request, queries, budget, used)
+                budget -= partition.records_size
+                used += partition.records_size
                 partitions.append(partition)
             if partitions:
-                topics.append(make_entity(module.FetchableTopicResponse, topic=getattr(topic, "topic", None),
-                                    topic_id=getattr(topic, "topic_id", None), partitions=tuple(partitions)))
-        if response is not None:
-            return dataclasses.replace(response, responses=tuple(topics))
-        return make_entity(schema, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(_NO_SESSION),
-                     responses=tuple(topics))
+                topics.append((key, partitions))
+        if scan is None:
+            return encode_fetch_response(request.__version__, topics)
+        tagged = scan.tagged_fields if scan.tagged_fields is not None else b""
+        if scan.has_tagged_fields:
+            tagged = await self._rewritten_tagged_fields(ctx, request.__version__, payload)
+        return encode_fetch_response(request.__version__, topics, throttle_time_ms=scan.throttle_time_ms,
+                                     error_code=scan.error_code, session_id=scan.session_id, tagged_fields=tagged)
+
+    @staticmethod
+    async def _rewritten_tagged_fields(ctx: ConnectionContext, version: int, payload: memoryview) -> bytes:
+        """The response's tagged fields with node endpoints naming the proxy: kio decodes
+        the whole response (rare: brokers send endpoints only when leadership moved) and
+        encodes it without its topics; the tagged section is what follows them."""
+        response = decode_response(ApiKey.FETCH, version, payload)
+        rewritten = await rewrite_node_endpoints(ctx, dataclasses.replace(response, responses=()))
+        body = memoryview(encode_response(rewritten, 0))
+        _, offset = parse_response_header(body, response_header_version(ApiKey.FETCH, version))
+        tagged = scan_fetch_response(body[offset:], version).tagged_fields
+        assert tagged is not None
+        return bytes(tagged)
 
     async def _remote_partition(
-        self, module: Any, entry: _Remote, request: Any, queries: BrokerQueries, budget: int, used: int
-    ) -> tuple[Any, int]:
+        self, entry: _Remote, request: Any, queries: BrokerQueries, budget: int, used: int
+    ) -> RemotePartition:
         offsets = entry.offsets
         error = entry.error
-        records = b""
+        records: list[memoryview] = []
+        size = 0
         log_start = -1
         aborted = None
         outcome = entry.outcome
@@ -325,36 +343,34 @@ class FetchInterceptor(Interceptor):
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
                 elif result.records_size and (result.records_size <= budget or used == 0):
-                    records = b"".join(result.records)
+                    records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:
-                        aborted = await self._aborted(module, entry, result, queries)
+                        aborted = await self._aborted(entry, result, queries)
         if aborted is None and request.isolation_level == READ_COMMITTED and error is None:
             aborted = ()
-        partition = make_entity(
-            module.PartitionData,
-            partition_index=i32(entry.request.partition),
-            error_code=error if error is not None else ErrorCode.none,
-            high_watermark=i64(offsets.high_watermark),
-            last_stable_offset=i64(offsets.last_stable_offset),
-            log_start_offset=i64(log_start),
+        return RemotePartition(
+            partition_index=entry.request.partition,
+            error_code=int(error) if error is not None else 0,
+            high_watermark=offsets.high_watermark,
+            last_stable_offset=offsets.last_stable_offset,
+            log_start_offset=log_start,
             aborted_transactions=aborted,
-            preferred_read_replica=i32(-1),
             records=records,
+            records_size=size,
         )
-        return partition, len(records)
 
-    async def _aborted(self, module: Any, entry: _Remote, result: RemoteReadResult, queries: BrokerQueries):
+    async def _aborted(
+        self, entry: _Remote, result: RemoteReadResult, queries: BrokerQueries
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions in what is served."""
         found = {(t.producer_id, t.first_offset) for t in result.aborted_transactions or ()}
         if not result.aborted_transactions_complete:
             # An ABORT marker of a transaction served here may be in the local log.
             last_served = result.next_fetch_offset - 1
             local = await queries.aborted_at(entry.tp.topic, entry.tp.partition, entry.offsets.local_log_start)
             found |= {(pid, first) for pid, first in local if first <= last_served}
-        return tuple(
-            make_entity(module.AbortedTransaction, producer_id=i64(pid), first_offset=i64(first))
-            for pid, first in sorted(found, key=lambda t: t[1])
-        )
+        return sorted(found, key=lambda t: t[1])
 
 
 def _declined(request: Any) -> bool:
@@ -362,9 +378,3 @@ def _declined(request: Any) -> bool:
     return getattr(request, "session_id", _NO_SESSION) != _NO_SESSION or getattr(
         request, "session_epoch", _SESSIONLESS_EPOCH
     ) != _SESSIONLESS_EPOCH
-
-
-def _records_bytes(response: Any | None) -> int:
-    if response is None:
-        return 0
-    return sum(len(p.records or b"") for t in response.responses for p in t.partitions)
