@@ -1,0 +1,291 @@
+"""Authorization stays with the broker, for remote offsets too.
+
+A SASL/PLAIN cluster with Kafka's StandardAuthorizer: alice may read the topic, carol
+may only describe it, bob may do nothing. The proxy has no credentials of its own;
+each client authenticates through it to the broker on its own connection. alice reads
+everything from offset 0 (remote and local); carol and bob get
+TOPIC_AUTHORIZATION_FAILED and never a remote byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import javaproperties
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import TopicAuthorizationFailedError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
+from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.list_offsets.v9 import request as list_offsets9
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from protocol.apis import ErrorCode, OffsetSpec
+from protocol.records import iter_batches
+from proxy.kafka_connection import KafkaConnection
+from proxy.server import parse_host_port
+from storage.local import LocalRemoteStorageManager
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from testbed.kafka import KafkaCluster
+from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, consume_confluent, proxy_config
+from tests.proxy.tiered_helpers import (
+    TieredTopic,
+    expected_by_partition,
+    in_partition_order,
+    local_proxy_settings,
+    produce_timed,
+    record_keys,
+    tier_and_trim,
+)
+
+PARTITIONS = 2
+PER_PARTITION = 1000
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret", "dave": "dave-secret"}
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def sasl_cluster() -> Iterator[KafkaCluster]:
+    with KafkaCluster(1, sasl_plain_users=USERS) as cluster:
+        yield cluster
+
+
+def _internal_bootstrap(cluster: KafkaCluster) -> str:
+    """The PLAINTEXT inter-broker listener of node 0 (its principal is a super user):
+    tierproxy's own connections, which speak no SASL, tier and trim through it."""
+    with open(cluster.workdir / "node-0" / "server.properties", encoding="utf-8") as f:
+        listeners = javaproperties.load(f)["listeners"]
+    (internal,) = [lst for lst in listeners.split(",") if lst.startswith("INTERNAL://")]
+    return internal.removeprefix("INTERNAL://")
+
+
+def _grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str,
+           *operations: AclOperation) -> None:
+    bindings = [AclBinding(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", "*", op,
+                           AclPermissionType.ALLOW) for op in operations]
+    for future in cluster.admin().create_acls(bindings, request_timeout=30).values():
+        future.result(30)
+
+
+@pytest.fixture(scope="module")
+def tiered(sasl_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
+    topic = f"secured-{uuid.uuid4().hex[:8]}"
+    sasl_cluster.create_topic(topic, partitions=PARTITIONS)
+    root = tmp_path_factory.mktemp("secured")
+    records = produce_timed(sasl_cluster.client_config("admin"), topic, PARTITIONS, PER_PARTITION)
+    _grant(sasl_cluster, "alice", ResourceType.TOPIC, topic, AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_cluster, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_cluster, "carol", ResourceType.TOPIC, topic, AclOperation.DESCRIBE)
+    _grant(sasl_cluster, "carol", ResourceType.GROUP, "*", AclOperation.READ)
+
+    async def build() -> TieredTopic:
+        async with LocalRemoteStorageManager(root / "remote") as rsm, \
+                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+            return await tier_and_trim(_internal_bootstrap(sasl_cluster), topic, records, rsm=rsm, rlmm=rlmm,
+                                       work_dir=root / "work")
+
+    data = asyncio.run(build())
+    assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
+    yield data, root
+    sasl_cluster.delete_topic(topic)
+
+
+@pytest.fixture(scope="module")
+def proxy(sasl_cluster, tiered) -> Iterator[ProxyThread]:
+    _, root = tiered
+    proxy = ProxyThread(proxy_config(sasl_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(root))).start()
+    yield proxy
+    proxy.stop()
+
+
+def _aiokafka_sasl(user: str) -> dict[str, str]:
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": user,
+            "sasl_plain_password": USERS[user]}
+
+
+def _confluent_sasl(proxy: ProxyThread, user: str) -> dict[str, str]:
+    return {"bootstrap.servers": proxy.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": USERS[user]}
+
+
+def _remote_reads(proxy: ProxyThread, topic: str) -> float:
+    return proxy.metrics.value("tierproxy_remote_read_requests_total", {"topic": topic})
+
+
+async def test_alice_reads_remote_and_local(proxy, tiered):
+    data, _ = tiered
+    consumed = await consume_aiokafka(proxy.bootstrap_servers, data.topic, len(data.records),
+                                      **_aiokafka_sasl("alice"))
+    assert in_partition_order(record_keys(sorted(consumed, key=lambda r: (r.partition, r.offset)))) == \
+        expected_by_partition(data)
+    assert _remote_reads(proxy, data.topic) > 0
+    # librdkafka, in a consumer group (alice may read groups).
+    messages = await asyncio.to_thread(consume_confluent, proxy.bootstrap_servers, data.topic, len(data.records),
+                                       **{k: v for k, v in _confluent_sasl(proxy, "alice").items()
+                                          if k != "bootstrap.servers"})
+    got = sorted((m.partition(), m.offset(), m.key(), m.value()) for m in messages)
+    assert got == sorted(record_keys(data.records))
+
+
+@pytest.mark.parametrize("user", ["carol", "bob"])
+async def test_without_read_aiokafka_gets_topic_authorization_failed(proxy, tiered, user):
+    """carol's Fetch is refused by the broker; bob does not even see the topic's metadata."""
+    data, _ = tiered
+    before = _remote_reads(proxy, data.topic)
+    consumer = AIOKafkaConsumer(data.topic, bootstrap_servers=proxy.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **_aiokafka_sasl(user))
+    records = []
+    with pytest.raises(TopicAuthorizationFailedError):
+        try:
+            await consumer.start()  # bob: raises here already
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=300)).values():
+                    records.extend(batch)
+        finally:
+            await consumer.stop()
+    assert records == []
+    assert _remote_reads(proxy, data.topic) == before
+
+
+def _confluent_errors(proxy: ProxyThread, user: str, topic: str) -> tuple[list, set[int]]:
+    consumer = Consumer({**_confluent_sasl(proxy, user), "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    messages, errors = [], set()
+    try:
+        deadline = time.monotonic() + 30
+        while KafkaError.TOPIC_AUTHORIZATION_FAILED not in errors and time.monotonic() < deadline:
+            for message in consumer.consume(100, timeout=0.3):
+                if message.error() is None:
+                    messages.append(message)
+                else:
+                    errors.add(message.error().code())
+    finally:
+        consumer.close()
+    return messages, errors
+
+
+def test_describe_only_confluent_gets_topic_authorization_failed(proxy, tiered):
+    """(librdkafka as bob stops at GROUP_AUTHORIZATION_FAILED before any Fetch.)"""
+    data, _ = tiered
+    before = _remote_reads(proxy, data.topic)
+    messages, errors = _confluent_errors(proxy, "carol", data.topic)
+    assert messages == []
+    assert KafkaError.TOPIC_AUTHORIZATION_FAILED in errors, errors
+    assert _remote_reads(proxy, data.topic) == before
+
+
+async def _authenticated(address: str, user: str) -> KafkaConnection:
+    conn = await KafkaConnection.open(*parse_host_port(address))
+    handshake = await conn.request(SaslHandshakeRequest(mechanism="PLAIN"))
+    assert handshake.error_code == ErrorCode.none, handshake
+    answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{USERS[user]}".encode()))
+    assert answer.error_code == ErrorCode.none, answer
+    return conn
+
+
+def _fetch_at(topic: str, offset: int) -> fetch12.FetchRequest:
+    partition = fetch12.FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20))
+    return fetch12.FetchRequest(max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
+                                min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
+                                topics=(fetch12.FetchTopic(topic=topic, partitions=(partition,)),),
+                                forgotten_topics_data=())
+
+
+async def test_raw_fetch_of_a_remote_offset_per_principal(proxy, tiered):
+    """The same Fetch of offset 0 (remote only), on connections authenticated as alice and
+    as carol: remote bytes for alice, TOPIC_AUTHORIZATION_FAILED and no bytes for carol,
+    also when asked again after alice's connection proved the offset remote."""
+    data, _ = tiered
+    for user in ("carol", "alice", "carol"):
+        conn = await _authenticated(proxy.bootstrap_servers, user)
+        try:
+            for _ in range(2):  # the second fetch on a connection may skip the broker
+                response = await conn.request(_fetch_at(data.topic, 0))
+                (answer,) = response.responses[0].partitions
+                if user == "alice":
+                    assert answer.error_code == ErrorCode.none
+                    first = next(iter_batches(answer.records))
+                    assert first.base_offset == 0 < data.boundary[0]
+                else:
+                    assert answer.error_code == ErrorCode.topic_authorization_failed
+                    assert not answer.records
+        finally:
+            await conn.close()
+
+
+async def test_list_offsets_of_the_remote_part_is_the_brokers_to_refuse(proxy, tiered):
+    """ListOffsets needs DESCRIBE: carol gets the remote answers, bob the broker's refusal."""
+    data, _ = tiered
+    first_remote = data.of(0)[0]
+    specs = {OffsetSpec.EARLIEST: 0, OffsetSpec.LATEST_TIERED_TIMESTAMP: data.boundary[0] - 1,
+             first_remote.timestamp_ms: first_remote.offset}
+    for user in ("carol", "bob"):
+        conn = await _authenticated(proxy.bootstrap_servers, user)
+        try:
+            for spec, offset in specs.items():
+                partition = list_offsets9.ListOffsetsPartition(partition_index=i32(0), timestamp=i64(spec))
+                response = await conn.request(list_offsets9.ListOffsetsRequest(
+                    replica_id=i32(-1), isolation_level=i8(0),
+                    topics=(list_offsets9.ListOffsetsTopic(name=data.topic, partitions=(partition,)),)))
+                (answer,) = response.topics[0].partitions
+                if user == "carol":
+                    assert (answer.error_code, answer.offset) == (ErrorCode.none, offset), spec
+                else:
+                    assert answer.error_code == ErrorCode.topic_authorization_failed, spec
+                    assert answer.offset == -1, spec
+        finally:
+            await conn.close()
+
+
+async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_cluster, proxy, tiered):
+    """dave's connection proved offset 0 remote; then his READ is revoked (DESCRIBE stays).
+    Once the broker refuses him, the proxy must not keep serving him remote bytes on the
+    connection it proved earlier."""
+    data, _ = tiered
+    _grant(sasl_cluster, "dave", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    proxied = await _authenticated(proxy.bootstrap_servers, "dave")
+    direct = await _authenticated(sasl_cluster.bootstrap_servers, "dave")
+    try:
+        async def error_of(conn: KafkaConnection) -> int:
+            (answer,) = (await conn.request(_fetch_at(data.topic, 0))).responses[0].partitions
+            assert answer.error_code != ErrorCode.none or next(iter_batches(answer.records)).base_offset == 0
+            return answer.error_code
+
+        deadline = time.monotonic() + 30
+        while await error_of(direct) != ErrorCode.offset_out_of_range:  # the grant has reached the broker
+            assert time.monotonic() < deadline, "dave's READ never applied"
+            await asyncio.sleep(0.2)
+        assert await error_of(proxied) == ErrorCode.none
+        assert await error_of(proxied) == ErrorCode.none  # proven: may skip the broker now
+        revoke = AclBindingFilter(ResourceType.TOPIC, data.topic, ResourcePatternType.LITERAL, "User:dave", "*",
+                                  AclOperation.READ, AclPermissionType.ALLOW)
+        for future in sasl_cluster.admin().delete_acls([revoke], request_timeout=30).values():
+            future.result(30)
+        while await error_of(direct) != ErrorCode.topic_authorization_failed:
+            assert time.monotonic() < deadline, "the revocation never applied"
+            await asyncio.sleep(0.2)
+        # Kafka checks READ on every Fetch; the proxy may trail the broker by its proof's age.
+        deadline = time.monotonic() + 10
+        while (error := await error_of(proxied)) == ErrorCode.none and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert error == ErrorCode.topic_authorization_failed
+    finally:
+        await proxied.close()
+        await direct.close()

@@ -1,0 +1,186 @@
+"""The remote tier in S3 (moto's server over HTTP), and an outage of it.
+
+Partitions 0 and 1 of the topic are 60% remote only; partition 2 is entirely local.
+While S3 is down, reads of the remote partitions get TIERED_STORAGE_NOT_AVAILABLE
+(sent as UNKNOWN_SERVER_ERROR -1, which aiokafka and librdkafka both retry) and the
+local partition keeps flowing to the very same consumers. moto forgets everything when
+it restarts, so the test uploads the same segments again; the consumers then finish
+with every record exactly once and in order.
+
+The module runs its own S3 server: it stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import KafkaError
+
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from testbed.s3 import S3Server
+from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, proxy_config
+from tests.proxy.tiered_helpers import (
+    TieredTopic,
+    consume_confluent_assigned,
+    expected_by_partition,
+    in_partition_order,
+    produce_timed,
+    record_keys,
+    s3_proxy_settings,
+    s3_storage,
+    tier_and_trim,
+    upload_again,
+    wait_until,
+)
+
+PARTITIONS = 3
+PER_PARTITION = 1500
+TIERED = (0, 1)
+LOCAL_ONLY = 2
+PREFIX = "outage"
+pytestmark = [pytest.mark.timeout(240), pytest.mark.s3]
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    server = S3Server(bucket="tierproxy-outage")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def tiered(kafka_cluster, s3, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
+    root = tmp_path_factory.mktemp("outage")
+    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION)
+
+    async def build() -> TieredTopic:
+        async with s3_storage(s3, PREFIX) as rsm, FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
+                                       work_dir=root / "work", partitions=TIERED, segment_bytes=32 * 1024)
+
+    data = asyncio.run(build())
+    assert data.boundary[LOCAL_ONLY] == 0 and all(data.boundary[p] > 0 for p in TIERED)
+    yield data, root
+    kafka_cluster.delete_topic(topic)
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_cluster, s3, tiered) -> Iterator[ProxyThread]:
+    _, root = tiered
+    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
+        **s3_proxy_settings(s3.endpoint_url, s3, PREFIX),
+        "remote.log.metadata.dir": root / "metadata",
+        # An outage must show fast: two attempts with small backoffs, short requests.
+        "remote.log.manager.task.retry.backoff.ms": 50,
+        "remote.log.manager.task.retry.backoff.max.ms": 200,
+        "remote.log.storage.s3.max.attempts": 2,
+        "remote.log.storage.s3.request.timeout.ms": 2000,
+        # Small chunks and a small chunk cache: the remote part cannot hide in memory.
+        "remote.log.chunk.size.bytes": 16 * 1024,
+        "remote.log.chunk.cache.size.bytes": 64 * 1024,
+        "remote.log.read.ahead.chunks": 1,
+    })
+    proxy = ProxyThread(config).start()
+    yield proxy
+    proxy.stop()
+
+
+def _not_available(proxy: ProxyThread, topic: str) -> float:
+    """tierproxy_tiered_storage_not_available_total of `topic`, every cause."""
+    return sum(sample.value for metric in proxy.metrics.registry.collect() for sample in metric.samples
+               if sample.name == "tierproxy_tiered_storage_not_available_total" and sample.labels["topic"] == topic)
+
+
+async def test_a_full_read_from_s3_equals_what_was_produced(proxy, tiered):
+    data, _ = tiered
+    consumed = await consume_aiokafka(proxy.bootstrap_servers, data.topic, len(data.records),
+                                      max_partition_fetch_bytes=64 * 1024)
+    assert in_partition_order(record_keys(consumed)) == expected_by_partition(data)
+    assert proxy.metrics.value("tierproxy_remote_bytes_in_total", {"topic": data.topic}) > 0
+    assert _not_available(proxy, data.topic) == 0
+
+
+async def test_outage_local_flows_remote_resumes_after_s3_returns(proxy, tiered, s3, caplog):
+    data, _ = tiered
+    expected = expected_by_partition(data)
+    caplog.set_level(logging.WARNING, logger="tierproxy")
+    consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024)
+    await consumer.start()
+    consumed: list[tuple] = []
+    confluent_errors: list[KafkaError] = []
+    confluent_out: list[list[tuple]] = []
+    stop_confluent = threading.Event()
+    confluent = threading.Thread(target=lambda: confluent_out.append(consume_confluent_assigned(
+        {"bootstrap.servers": proxy.bootstrap_servers}, data.topic, range(PARTITIONS), len(data.records),
+        timeout_s=150, errors=confluent_errors, stop=stop_confluent)))
+    try:
+        consumer.assign([TopicPartition(data.topic, p) for p in range(PARTITIONS)])
+
+        async def poll() -> None:
+            batches = await consumer.getmany(timeout_ms=200, max_records=200)
+            for batch in batches.values():
+                consumed.extend(record_keys(batch))
+
+        def count(partition: int, got: list[tuple] = consumed) -> int:
+            return sum(1 for r in got if r[0] == partition)
+
+        # Mid-consumption: some remote records of partition 0 arrived, then S3 goes away.
+        deadline = time.monotonic() + 60
+        while count(0) == 0 and time.monotonic() < deadline:
+            await poll()
+        assert 0 < count(0) < data.boundary[0]
+        s3.stop()
+        confluent.start()  # a second client, starting from offset 0 during the outage
+
+        # The local-only partition flows to both; the remote ones get the mapped error.
+        deadline = time.monotonic() + 60
+        while (count(LOCAL_ONLY) < PER_PARTITION or _not_available(proxy, data.topic) == 0) \
+                and time.monotonic() < deadline:
+            await poll()
+        assert count(LOCAL_ONLY) == PER_PARTITION
+        assert _not_available(proxy, data.topic) > 0
+        assert any("TIERED_STORAGE_NOT_AVAILABLE" in r.getMessage() for r in caplog.records)
+        await wait_until(lambda: any(e.code() == KafkaError.UNKNOWN for e in confluent_errors), 60,
+                         "librdkafka reports UNKNOWN_SERVER_ERROR (-1) for a remote partition")
+        stalled = {p: count(p) for p in TIERED}
+        for _ in range(10):  # while S3 is down, no remote partition gets past its outage point
+            await poll()
+        assert all(count(p) < data.boundary[p] for p in TIERED), stalled
+        assert {p: count(p) for p in TIERED} == stalled
+
+        # S3 is back, empty: upload the same segments again; both consumers finish.
+        s3.start(create_bucket=True)
+        async with s3_storage(s3, PREFIX) as rsm:
+            await upload_again(rsm, data.copies)
+        deadline = time.monotonic() + 90
+        while len(consumed) < len(data.records) and time.monotonic() < deadline:
+            await poll()
+        await asyncio.to_thread(confluent.join, 120)
+    finally:
+        stop_confluent.set()
+        await consumer.stop()
+        if confluent.is_alive():
+            await asyncio.to_thread(confluent.join, 30)
+        if not s3.answers():
+            s3.start(create_bucket=True)
+
+    # Exactly once, in order: the consumed sequence of each partition is the produced one.
+    assert in_partition_order(consumed) == expected
+    (from_librdkafka,) = confluent_out
+    assert in_partition_order(from_librdkafka) == expected
+    assert not any(e.code() not in (KafkaError.UNKNOWN, KafkaError._PARTITION_EOF) for e in confluent_errors), \
+        {e.code() for e in confluent_errors}
