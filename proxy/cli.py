@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(commands)
     _add_serve(commands)
     _add_tier(commands)
+    _add_loadtest(commands)
     return parser
 
 
@@ -76,6 +77,15 @@ def _add_tier(commands) -> None:
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")
     tier.set_defaults(run=_lazy("pipeline.cli"))
+
+
+def _add_loadtest(commands) -> None:
+    loadtest = commands.add_parser("loadtest", help="replay a topic with N concurrent consumers: MB/s, "
+                                                    "records/s, fetch latency, errors")
+    from .loadtest import add_arguments  # confluent-kafka is imported only when the test runs
+
+    add_arguments(loadtest)
+    loadtest.set_defaults(run=_lazy("proxy.loadtest"))
 
 
 def main(argv: list[str] | None = None) -> int:
