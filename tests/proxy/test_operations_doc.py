@@ -1,0 +1,79 @@
+"""docs/operations.md stays exact: its commands parse or run, its keys and metrics exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from pathlib import Path
+
+import javaproperties
+import pytest
+
+from proxy.cli import build_parser
+from proxy.config import parse
+from proxy.metrics import ProxyMetrics
+from proxy.remote_metrics import RemoteMetrics
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC, re.S)
+
+
+def _commands(prefix: str) -> list[list[str]]:
+    commands = []
+    for block in _blocks("sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip().startswith(prefix):
+                commands.append(shlex.split(line.strip()))
+    return commands
+
+
+def test_every_tierproxy_command_parses():
+    commands = _commands("tierproxy ")
+    assert len(commands) >= 5
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(command[1:])
+        assert args.command == command[1]
+
+
+def test_the_properties_snippet_is_valid():
+    (snippet,) = _blocks("properties")
+    properties = javaproperties.loads(textwrap.dedent(snippet))
+    config = parse({"bootstrap.servers": "broker:9092", **properties})
+    assert [t.name for t in config.tiered_topics] == ["orders"]
+
+
+def test_every_key_named_exists():
+    config = parse({"bootstrap.servers": "broker:9092"})
+    for key in set(re.findall(r"`((?:remote|tiered|metrics|spark)\.[a-z.]+[a-z])`", DOC)):
+        if key.startswith("remote.log.manager.task.retry.backoff") or key == "remote.storage.enable":
+            continue
+        assert key in config.values, key
+
+
+def test_every_metric_named_exists():
+    # Counter families are named without their `_total` sample suffix.
+    families = {f.name for r in (ProxyMetrics().registry, RemoteMetrics().registry) for f in r.collect()}
+    named = re.findall(r"`(tierproxy_[a-z_]+)", DOC)
+    named += [f"tierproxy_cache_{kind}_total" for kind in ("hits", "misses", "evictions", "prefetches")]
+    for name in named:
+        if name.endswith("_"):
+            continue  # the `tierproxy_cache_{...}` shorthand, expanded above
+        assert name.removesuffix("_total") in families, name
+
+
+def test_kafka_configs_command_runs_against_the_broker(kafka_cluster, topic):
+    (command,) = _commands("kafka-configs.sh")
+    name = topic()
+    args = [a.replace("BROKER:9092", kafka_cluster.bootstrap_servers).replace("orders", name) for a in command[1:]]
+    result = kafka_cluster.java_tool("kafka.admin.ConfigCommand", *args, timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from confluent_kafka.admin import ConfigResource
+
+    resource = ConfigResource("topic", name)
+    configs = kafka_cluster.admin().describe_configs([resource])[resource].result(30)
+    assert configs["retention.ms"].value == "-1" and configs["retention.bytes"].value == "-1"
