@@ -113,7 +113,28 @@ async def produce_mixed(
 ) -> list[ProducedRecord]:
     records = await produce_codecs(bootstrap, topic, partitions, per_codec)
     records += await asyncio.to_thread(produce_transactions, bootstrap, topic, partitions, per_transaction)
+    await wait_for_markers(bootstrap, topic, partitions)
     return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+async def wait_for_markers(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Until every partition's last stable offset reached its end: a producer's
+    commit/abort returns before the coordinator has written the markers."""
+    from pipeline.cluster import READ_COMMITTED, Cluster
+    from protocol.apis import OffsetSpec
+
+    deadline = time.monotonic() + timeout
+    async with Cluster(bootstrap.split(",")) as cluster:
+        topics = await cluster.topics([topic])
+        tps = [(topic, p) for p in range(partitions)]
+        while True:
+            end = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
+            stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
+            if all(stable[tp].offset == end[tp].offset for tp in tps):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"transaction markers of {topic} not written within {timeout} s")
+            await asyncio.sleep(0.1)
 
 
 def _value(key: bytes, size: int) -> bytes:

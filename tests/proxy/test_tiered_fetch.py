@@ -20,7 +20,7 @@ from proxy.kafka_connection import KafkaConnection
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from storage.model import TopicIdPartition
-from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed
+from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed, wait_for_markers
 from tests.helpers.remote_tier import fetch_raw_log, latest_offset, tier_log, topic_id_of
 from tests.proxy.test_passthrough import (
     ProxyThread,
@@ -79,6 +79,7 @@ def tiered(kafka_cluster, tmp_path_factory) -> Iterator[Tiered]:
         split = await asyncio.to_thread(_split_aborted_transaction, bootstrap, topic)
         records += split
         records += await produce_codecs(bootstrap, topic, PARTITIONS, 300)
+        await wait_for_markers(bootstrap, topic, PARTITIONS)
         records.sort(key=lambda r: (r.partition, r.offset))
         host, port = kafka_cluster.brokers[0][1:]
         boundary = {}
