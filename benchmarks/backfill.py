@@ -43,38 +43,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from benchmark_data import MB, produce  # beside this script
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MB = 1_000_000
-RECORD_BYTES = 1024
 CASES = (
     ("a", "direct from the broker"),
     ("b", "proxy, tail (local on the broker)"),
     ("c", "proxy, remote from local files"),
     ("d", "proxy, remote from S3"),
 )
-
-
-def produce(bootstrap: str, topic: str, partitions: int, total_mb: int) -> int:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
-                         "batch.num.messages": 100_000, "compression.type": "none", "acks": "1",
-                         "queue.buffering.max.kbytes": 512 * 1024})
-    payload = os.urandom(RECORD_BYTES)
-    count = total_mb * MB // RECORD_BYTES
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value=payload, key=b"%d" % i, partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    if producer.flush(120):
-        raise RuntimeError("records still undelivered after 120 s")
-    return count
 
 
 def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> dict[str, str]:

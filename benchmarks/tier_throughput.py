@@ -30,29 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MB = 1_000_000
-RECORD_BYTES = 1024
+from benchmark_data import MB, produce  # beside this script
 
-
-def produce(bootstrap: str, topic: str, partitions: int, total_mb: int) -> int:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
-                         "batch.num.messages": 100_000, "compression.type": "none", "acks": "1",
-                         "queue.buffering.max.kbytes": 512 * 1024})
-    payload = os.urandom(RECORD_BYTES)  # incompressible, as the worst case for bytes copied
-    count = total_mb * MB // RECORD_BYTES
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value=payload, key=b"%d" % i, partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    producer.flush(120)
-    return count
 
 
 def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None):
