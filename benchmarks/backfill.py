@@ -73,15 +73,7 @@ def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> d
     if backend == "local":
         properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote")}
     else:
-        properties |= {
-            "remote.log.storage.backend": "s3",
-            "remote.log.storage.s3.bucket": s3.bucket,
-            "remote.log.storage.s3.endpoint.url": s3.endpoint_url,
-            "remote.log.storage.s3.region": s3.region,
-            "remote.log.storage.s3.access.key.id": s3.access_key,
-            "remote.log.storage.s3.secret.access.key": s3.secret_key,
-            "remote.log.storage.key.prefix": f"backfill-{topic}",
-        }
+        properties |= s3.storage_properties(f"backfill-{topic}")
     return properties
 
 

@@ -415,7 +415,9 @@ class LoadTest:
                 totals.add(granted, size)
             consumer.unassign()
         except Exception as e:  # counted, and the other consumers go on
-            totals.error(getattr(e.args[0], "name", lambda: type(e).__name__)() if e.args else type(e).__name__)
+            # A KafkaException carries a KafkaError (named) as its first argument.
+            error = e.args[0] if e.args else None
+            totals.error(error.name() if hasattr(error, "name") else type(e).__name__)
         finally:
             on_exit()
 

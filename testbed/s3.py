@@ -124,6 +124,18 @@ class S3Server:
     def create_bucket(self) -> None:
         self.client().create_bucket(Bucket=self.bucket)
 
+    def storage_properties(self, prefix: str = "", *, endpoint_url: str | None = None) -> dict[str, str]:
+        """tierproxy's remote storage keys for this server (`endpoint_url`: something in front of it)."""
+        return {
+            "remote.log.storage.backend": "s3",
+            "remote.log.storage.key.prefix": prefix,
+            "remote.log.storage.s3.bucket": self.bucket,
+            "remote.log.storage.s3.endpoint.url": endpoint_url or self.endpoint_url,
+            "remote.log.storage.s3.region": self.region,
+            "remote.log.storage.s3.access.key.id": self.access_key,
+            "remote.log.storage.s3.secret.access.key": self.secret_key,
+        }
+
     def client(self) -> Any:
         """A synchronous botocore S3 client, for set-up and checks in tests."""
         import botocore.session

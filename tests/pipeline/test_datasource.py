@@ -266,13 +266,7 @@ def test_bad_options_name_the_option(tierproxy, tiered, options, message):
 
 def test_s3_backend(tierproxy, tiered, kafka_cluster, s3_server, tmp_path):
     config = {
-        "remote.log.storage.backend": "s3",
-        "remote.log.storage.s3.bucket": s3_server.bucket,
-        "remote.log.storage.s3.endpoint.url": s3_server.endpoint_url,
-        "remote.log.storage.s3.region": s3_server.region,
-        "remote.log.storage.s3.access.key.id": s3_server.access_key,
-        "remote.log.storage.s3.secret.access.key": s3_server.secret_key,
-        "remote.log.storage.key.prefix": f"datasource-{uuid.uuid4().hex[:8]}",
+        **s3_server.storage_properties(f"datasource-{uuid.uuid4().hex[:8]}"),
         "remote.log.metadata.dir": str(tmp_path / "metadata"),
     }
     partition = 2

@@ -176,15 +176,7 @@ async def test_time_retention_on_s3(kafka_cluster, topic, tmp_path, s3_server):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
     await produce_groups(bootstrap, name, groups=3)
-    s3 = {
-        "remote.log.storage.backend": "s3",
-        "remote.log.storage.s3.bucket": s3_server.bucket,
-        "remote.log.storage.s3.endpoint.url": s3_server.endpoint_url,
-        "remote.log.storage.s3.region": s3_server.region,
-        "remote.log.storage.s3.access.key.id": s3_server.access_key,
-        "remote.log.storage.s3.secret.access.key": s3_server.secret_key,
-        "remote.log.storage.key.prefix": f"retention-{uuid.uuid4().hex[:8]}",
-    }
+    s3 = s3_server.storage_properties(f"retention-{uuid.uuid4().hex[:8]}")
     config = retention_config(tmp_path, bootstrap, {name: {"retention.ms": 60_000}}, **s3)
     async with stores(config) as (rlmm, rsm), Cluster(bootstrap.split(",")) as cluster:
         segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=60)

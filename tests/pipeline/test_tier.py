@@ -47,14 +47,7 @@ def tier_config(tmp_path: Path, bootstrap: str, topic: str, *, s3=None, key_pref
     if s3 is None:
         properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp_path / "remote")}
     else:
-        properties |= {
-            "remote.log.storage.backend": "s3",
-            "remote.log.storage.s3.bucket": s3.bucket,
-            "remote.log.storage.s3.endpoint.url": s3.endpoint_url,
-            "remote.log.storage.s3.region": s3.region,
-            "remote.log.storage.s3.access.key.id": s3.access_key,
-            "remote.log.storage.s3.secret.access.key": s3.secret_key,
-        }
+        properties |= s3.storage_properties(key_prefix)
     for key, value in (topic_settings or {}).items():
         properties[f"topic.{topic}.{key}"] = str(value)
     properties |= {k: str(v) for k, v in (extra or {}).items()}

@@ -16,16 +16,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from pipeline.cluster import Cluster
-from protocol.records import iter_batches
 from proxy.cli import main
-from proxy.kafka_connection import KafkaConnection
 from proxy.loadtest import LatencyWindow, LoadTest, StartPosition, merge_latency, parse_start
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.model import TopicIdPartition
-from tests.helpers.remote_tier import fetch_raw_log, tier_log, topic_id_of
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
+from tests.proxy.test_passthrough import ProxyThread, running_proxy
+from tests.proxy.tiered_helpers import local_proxy_settings, tier_and_trim
 
 PARTITIONS = 3
 PER_PARTITION = 3000
@@ -81,43 +77,22 @@ def tiered(kafka_cluster, tmp_path_factory) -> Iterator[Topic]:
     base_timestamp = int(time.time() * 1000) - 60_000
     size = _produce(bootstrap, name, base_timestamp)
 
-    async def tier_and_trim() -> dict[int, int]:
-        host, port = kafka_cluster.brokers[0][1:]
-        boundary = {}
-        async with await KafkaConnection.open(host, port) as conn:
-            topic_id = await topic_id_of(conn, name)
-            rsm = LocalRemoteStorageManager(root / "remote")
-            rlmm = FileRemoteLogMetadataManager(root / "metadata")
-            await rlmm.start()
-            try:
-                for partition in range(PARTITIONS):
-                    log = await fetch_raw_log(conn, name, partition, 0, PER_PARTITION)
-                    cut = next(b for b in iter_batches(log) if b.base_offset >= PER_PARTITION // 2)
-                    boundary[partition] = cut.base_offset
-                    await tier_log(log[: cut.position], TopicIdPartition(topic_id, name, partition), rsm=rsm,
-                                   rlmm=rlmm, work_dir=root / "work", segment_bytes=64 * 1024)
-            finally:
-                await rlmm.close()
-                await rsm.close()
-        async with Cluster([bootstrap]) as cluster:
-            topics = await cluster.topics([name])
-            await cluster.delete_records(topics, {(name, p): o for p, o in boundary.items()})
-        return boundary
+    async def tier() -> dict[int, int]:
+        async with LocalRemoteStorageManager(root / "remote") as rsm, \
+                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+            tiered = await tier_and_trim(bootstrap, name, [], rsm=rsm, rlmm=rlmm, work_dir=root / "work",
+                                         fraction=0.5, segment_bytes=64 * 1024)
+        return tiered.boundary
 
-    yield Topic(name, base_timestamp, asyncio.run(tier_and_trim()), size, root)
+    yield Topic(name, base_timestamp, asyncio.run(tier()), size, root)
     kafka_cluster.delete_topic(name)
 
 
 @pytest.fixture(scope="module")
 def proxy(kafka_cluster, tiered) -> Iterator[ProxyThread]:
-    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
-        "remote.log.storage.local.dir": tiered.root / "remote",
-        "remote.log.metadata.dir": tiered.root / "metadata",
-        "remote.log.chunk.size.bytes": 64 * 1024,
-    })
-    proxy = ProxyThread(config).start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(tiered.root),
+                       **{"remote.log.chunk.size.bytes": 64 * 1024}) as proxy:
+        yield proxy
 
 
 def _check_sane(summary) -> None:

@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import javaproperties
-import pytest
 
 from proxy.cli import build_parser
 from proxy.config import parse

@@ -21,6 +21,7 @@ from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from storage.model import TopicIdPartition
 from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed, wait_for_markers
+from tests.proxy.tiered_helpers import local_proxy_settings
 from tests.helpers.remote_tier import fetch_raw_log, latest_offset, tier_log, topic_id_of
 from tests.proxy.test_passthrough import (
     ProxyThread,
@@ -28,7 +29,7 @@ from tests.proxy.test_passthrough import (
     consume_aiokafka,
     consume_confluent,
     expected_keys,
-    proxy_config,
+    running_proxy,
     record_key,
 )
 
@@ -117,14 +118,9 @@ def tiered(kafka_cluster, tmp_path_factory) -> Iterator[Tiered]:
 
 @pytest.fixture(scope="module")
 def proxy(kafka_cluster, tiered) -> Iterator[ProxyThread]:
-    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
-        "remote.log.storage.local.dir": tiered.root / "remote",
-        "remote.log.metadata.dir": tiered.root / "metadata",
-        "remote.log.chunk.size.bytes": 64 * 1024,
-    })
-    proxy = ProxyThread(config).start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(tiered.root),
+                       **{"remote.log.chunk.size.bytes": 64 * 1024}) as proxy:
+        yield proxy
 
 
 def test_the_broker_no_longer_has_the_remote_part(kafka_cluster, tiered):

@@ -182,15 +182,7 @@ def s3_storage(server: S3Server, prefix: str = "") -> S3RemoteStorageManager:
 
 def s3_proxy_settings(endpoint_url: str, server: S3Server, prefix: str = "") -> dict[str, Any]:
     """Proxy settings reading from S3 at `endpoint_url` (moto itself, or something in front of it)."""
-    return {
-        "remote.log.storage.backend": "s3",
-        "remote.log.storage.key.prefix": prefix,
-        "remote.log.storage.s3.bucket": server.bucket,
-        "remote.log.storage.s3.endpoint.url": endpoint_url,
-        "remote.log.storage.s3.region": server.region,
-        "remote.log.storage.s3.access.key.id": server.access_key,
-        "remote.log.storage.s3.secret.access.key": server.secret_key,
-    }
+    return server.storage_properties(prefix, endpoint_url=endpoint_url)
 
 
 def local_proxy_settings(root: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from storage.model import IndexType
 from storage.local import LocalRemoteStorageManager
 from storage.rsm import ObjectType, RemoteStorageManager
 
-from .rsm_contract import RemoteStorageManagerContract, make_segment, read_all
+from .rsm_contract import RemoteStorageManagerContract, make_segment
 
 
 class TestLocalRemoteStorageManager(RemoteStorageManagerContract):
