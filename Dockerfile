@@ -41,5 +41,5 @@ FROM base AS proxy
 EXPOSE 9192 9194 9404
 # Healthy once the bootstrap listener of the mounted configuration accepts connections.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import socket, sys; from proxy.config import load; port = load(sys.argv[1])['proxy.bootstrap.port']; socket.create_connection(('127.0.0.1', port), 3).close()", "/etc/tierproxy/tierproxy.properties"]
+    CMD ["python", "-c", "import socket, sys; from config import load; port = load(sys.argv[1])['proxy.bootstrap.port']; socket.create_connection(('127.0.0.1', port), 3).close()", "/etc/tierproxy/tierproxy.properties"]
 CMD ["tierproxy", "serve", "--config", "/etc/tierproxy/tierproxy.properties"]

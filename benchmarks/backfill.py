@@ -8,7 +8,7 @@ each partition count (`--partitions 1,8`):
 2. tiers every byte of it with the pipeline's copy task and commit (`pipeline.copy.run_copy`,
    `pipeline.commit.commit_partition`; what a `tierproxy tier` pass runs in its Spark tasks,
    here without Spark), once to local files and once to S3;
-3. replays the topic from offset 0 with the loadtest's consumer (`proxy.loadtest.LoadTest`,
+3. replays the topic from offset 0 with the loadtest's consumer (`tierproxy.loadtest.LoadTest`,
    confluent-kafka) in four cases:
    (a) direct from the broker;
    (b) through the proxy, tail: the data is still local on the broker;
@@ -85,11 +85,11 @@ def _free_port() -> int:
 
 async def tier_everything(properties: dict[str, str]) -> int:
     """Copy and commit every partition of the tiered topic; returns the bytes copied."""
-    from pipeline.cluster import Cluster
+    from client.cluster import Cluster
     from pipeline.commit import commit_partition
     from pipeline.copy import metadata_manager, run_copy
     from pipeline.plan import plan_pass
-    from proxy.config import parse
+    from config import parse
     from storage.factory import remote_storage_manager
 
     config = parse(properties)
@@ -111,7 +111,7 @@ async def tier_everything(properties: dict[str, str]) -> int:
 
 async def trim_to_end(bootstrap: str, topic: str) -> dict[int, int]:
     """DeleteRecords up to each partition's log end: nothing is left local."""
-    from pipeline.cluster import Cluster
+    from client.cluster import Cluster
     from protocol.apis import OffsetSpec
 
     async with Cluster([bootstrap]) as cluster:
@@ -131,9 +131,9 @@ def proxy_process(properties: dict[str, str], workdir: Path, profile: Path | Non
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "proxy.properties"
     config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
-    command = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
+    command = [sys.executable, "-m", "tierproxy.cli", "serve", "--config", str(config_path)]
     if profile is not None:
-        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "proxy.cli", "serve",
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "tierproxy.cli", "serve",
                    "--config", str(config_path)]
     log_path = workdir / "serve.log"
     process = spawn(command, log_path, cwd=Path(__file__).resolve().parent.parent)
@@ -180,7 +180,7 @@ def _vm_hwm_kb(pid: int) -> int:
 
 
 def replay(bootstrap: str, topic: str, consumers: int, expected_records: int):
-    from proxy.loadtest import LoadTest
+    from tierproxy.loadtest import LoadTest
 
     # Runs last seconds: a finer statistics window than the command's default 1 s.
     summary = LoadTest(bootstrap, topic, consumers=consumers, stats_interval_ms=250).run()

@@ -35,7 +35,7 @@ from benchmark_data import MB, produce  # beside this script
 
 
 def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None):
-    from proxy.config import parse
+    from config import parse
 
     properties = {
         "bootstrap.servers": bootstrap,
@@ -56,7 +56,7 @@ async def measure_task(config, repeats: int) -> tuple[int, float, float]:
     """Bytes copied, wall seconds and CPU seconds (this process, all threads) of the copy task
     over every partition in turn; the best of `repeats` runs (each copies everything again;
     the losers are cleaned as orphans by the commit)."""
-    from pipeline.cluster import Cluster
+    from client.cluster import Cluster
     from pipeline.commit import commit_partition
     from pipeline.copy import metadata_manager, run_copy
     from pipeline.plan import plan_pass

@@ -32,7 +32,7 @@ from typing import Any
 
 from protocol.apis import ErrorCode, error_name
 from protocol.records import read_batch_header
-from proxy.config import Config, parse
+from config import Config, parse
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.indexes import LeaderEpochCheckpoint, ProducerState, build_segment_indexes, segment_file_name, write_indexes
 from storage.metadata import RemoteLogMetadataManager
@@ -40,7 +40,7 @@ from storage.metadata.serde import deserialize, serialize
 from storage.model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata
 from storage.rsm import RemoteStorageManager
 
-from .cluster import Cluster, ClusterError
+from client.cluster import Cluster, ClusterError
 from .plan import PartitionPlan
 
 log = logging.getLogger(__name__)

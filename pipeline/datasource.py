@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 )
 
 from protocol.records import BatchHeader, read_batch_header
-from proxy.config import Config, ConfigError, parse
+from config import Config, ConfigError, parse
 from storage.errors import RemoteResourceNotFound
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
@@ -281,7 +281,7 @@ def _metadata_manager(config: Config, scratch: str) -> RemoteLogMetadataManager:
 async def _wait_for_topic_metadata(rlmm: RemoteLogMetadataManager, config: Config, topic: str) -> None:
     """The topic backend reads __remote_log_metadata in the background after start: wait
     until it has read what was there for each partition the cluster knows of the topic."""
-    from .cluster import Cluster
+    from client.cluster import Cluster
 
     async with Cluster(config["bootstrap.servers"], client_id="tierproxy-read") as cluster:
         info = (await cluster.topics([topic])).get(topic)

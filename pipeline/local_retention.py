@@ -38,11 +38,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from protocol.apis import OffsetSpec
-from proxy.config import Config, TopicConfig
+from config import Config, TopicConfig
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 
-from .cluster import Cluster, ListedOffset, TopicInfo
+from client.cluster import Cluster, ListedOffset, TopicInfo
 
 log = logging.getLogger(__name__)
 

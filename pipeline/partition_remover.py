@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.config import Config
+from config import Config
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import (
     RemoteLogSegmentMetadataUpdate,
@@ -37,7 +37,7 @@ from storage.model import (
 )
 from storage.rsm import RemoteStorageManager
 
-from .cluster import Cluster
+from client.cluster import Cluster
 from .local_retention import METADATA_READY_TIMEOUT_S
 from .remote_retention import wall_clock_ms
 

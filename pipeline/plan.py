@@ -18,13 +18,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from proxy.config import Config
+from config import Config
 from protocol.apis import OffsetSpec
 from storage.metadata import RemoteLogMetadataManager
 from storage.metadata.serde import serialize
 from storage.model import RemoteLogSegmentState, TopicIdPartition
 
-from .cluster import READ_COMMITTED, Cluster
+from client.cluster import READ_COMMITTED, Cluster
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.config import Config
+from config import Config
 from storage.errors import RemoteLogMetadataError
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import (
@@ -36,7 +36,7 @@ from storage.model import (
 )
 from storage.rsm import RemoteStorageManager
 
-from .cluster import TopicInfo
+from client.cluster import TopicInfo
 from .local_retention import METADATA_READY_TIMEOUT_S
 
 log = logging.getLogger(__name__)

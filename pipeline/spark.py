@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from proxy.config import Config
+from config import Config
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 

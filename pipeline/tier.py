@@ -64,10 +64,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from proxy.config import Config
+from config import Config
 from storage.factory import remote_storage_manager
 
-from .cluster import Cluster
+from client.cluster import Cluster
 from .commit import CommitResult, clean_orphans, commit_partition
 from .copy import CopyResult, copy_task, metadata_manager
 from .plan import PartitionPlan, plan_pass

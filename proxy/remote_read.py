@@ -66,7 +66,7 @@ from storage.metadata import RemoteLogMetadataManager
 from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from storage.rsm import RemoteStorageManager
 
-from .config import Config
+from config import Config
 from .reader_pool import ReadOutcome, RemoteLogReaderPool
 from .remote_metrics import ReadErrorReason, RemoteMetrics
 

@@ -1,20 +1,15 @@
-"""`tierproxy serve`: run the proxy on uvloop until SIGTERM or SIGINT.
-
-Start-up fails with a message naming the key when the configuration is wrong, or
-naming the address when a listener cannot be opened. On a signal the listeners
-close, every client connection is closed, the interceptors are stopped and the
-command exits 0.
-"""
+"""The proxy as one running service: interceptors, listeners and the metrics endpoint,
+until stopped. On stop the listeners close, every client connection is closed and the
+interceptors are stopped."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
-import sys
 
-from .config import Config, ConfigError, load
+from config import Config
+
 from .handlers import InterceptorRegistry
 from .handlers.addresses import address_rewriters
 from .handlers.api_versions import ApiVersionsInterceptor
@@ -23,7 +18,7 @@ from .handlers.list_offsets import ListOffsetsInterceptor
 from .metrics import ProxyMetrics
 from .server import ProxyServer
 
-__all__ = ("build_interceptors", "run", "serve")
+__all__ = ("build_interceptors", "serve")
 
 log = logging.getLogger("tierproxy")
 
@@ -73,21 +68,3 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
             http.shutdown()
             http.server_close()
     log.info("stopped")
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    try:
-        config = load(args.config, args.override)
-    except ConfigError as e:
-        print(f"tierproxy serve: {e}", file=sys.stderr)
-        return 2
-    import uvloop
-
-    try:
-        uvloop.run(serve(config))
-    except (ConfigError, OSError) as e:
-        print(f"tierproxy serve: {e}", file=sys.stderr)
-        return 1
-    return 0

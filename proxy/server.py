@@ -20,9 +20,9 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from protocol.errors import ProtocolError
 
 from .client_connection import ClientConnection
-from .config import Config
+from config import Config
 from .handlers import InterceptorRegistry, ProxyServices
-from .kafka_connection import KafkaConnection, KafkaConnectionError
+from client.connection import KafkaConnection, KafkaConnectionError
 from .metrics import ProxyMetrics
 from .tls import broker_ssl_context, listener_ssl_context
 

@@ -23,7 +23,7 @@ from storage.metadata import RemoteLogMetadataManager
 from storage.model import TopicIdPartition
 from storage.rsm import RemoteStorageManager
 
-from .config import Config
+from config import Config
 from .remote_metrics import RemoteMetrics
 from .remote_read import RemoteReadEngine
 

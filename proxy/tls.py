@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ssl
 
-from proxy.config import Config, ConfigError
+from config import Config, ConfigError
 
 __all__ = ("broker_ssl_context", "listener_ssl_context")
 

@@ -1,6 +1,6 @@
 """Builds the configured RemoteStorageManager and RemoteLogMetadataManager.
 
-Takes the parsed configuration as a mapping of key -> typed value (proxy.config.Config
+Takes the parsed configuration as a mapping of key -> typed value (config.Config
 is one), so storage/ depends on no other package of tierproxy.
 """
 

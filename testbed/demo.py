@@ -112,7 +112,7 @@ def _wait_for_port(host: str, port: int, process: subprocess.Popen, timeout: flo
 
 
 def _tierproxy(*args: str) -> list[str]:
-    return [sys.executable, "-m", "proxy.cli", *args]
+    return [sys.executable, "-m", "tierproxy.cli", *args]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _local_log_start(bootstrap: str) -> dict[int, int]:
-    from pipeline.cluster import Cluster
+    from client.cluster import Cluster
     from protocol.apis import OffsetSpec
 
     async with Cluster([bootstrap]) as cluster:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from protocol.headers import RequestHeader
-    from proxy.config import Config
+    from config import Config
     from proxy.metrics import ProxyMetrics
 
 __all__ = (

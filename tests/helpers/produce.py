@@ -120,7 +120,7 @@ async def produce_mixed(
 async def wait_for_markers(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
     """Until every partition's last stable offset reached its end: a producer's
     commit/abort returns before the coordinator has written the markers."""
-    from pipeline.cluster import READ_COMMITTED, Cluster
+    from client.cluster import READ_COMMITTED, Cluster
     from protocol.apis import OffsetSpec
 
     deadline = time.monotonic() + timeout

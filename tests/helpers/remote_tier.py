@@ -16,7 +16,7 @@ from pathlib import Path
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
 from protocol.requests import fetch_request, list_offsets_request, metadata_request
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from storage.indexes import build_segment_indexes, segment_file_name, write_indexes
 from storage.indexes.producer_snapshot import ProducerState
 from storage.metadata import RemoteLogMetadataManager

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ["proxy", "protocol", "storage", "cache", "pipeline", "testbed"]
+PACKAGES = ["tierproxy", "config", "client", "proxy", "protocol", "storage", "cache", "pipeline", "testbed"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

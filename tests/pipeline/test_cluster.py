@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.cluster import READ_COMMITTED, Cluster, ClusterError
+from client.cluster import READ_COMMITTED, Cluster, ClusterError
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
 

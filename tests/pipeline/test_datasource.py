@@ -32,8 +32,8 @@ from pipeline.datasource import (
     register,
 )
 from protocol.records import ControlType
-from proxy.config import ConfigError, parse
-from proxy.kafka_connection import KafkaConnection
+from config import ConfigError, parse
+from client.connection import KafkaConnection
 from storage.factory import remote_storage_manager
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from pipeline.cluster import Cluster
+from client.cluster import Cluster
 from pipeline.local_retention import LocalRetentionLimits, local_trim
 from pipeline.retention import run_retention
 from protocol.apis import ErrorCode, OffsetSpec
-from proxy.config import Config, parse
-from proxy.kafka_connection import KafkaConnection
+from config import Config, parse
+from client.connection import KafkaConnection
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import (

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 
-from pipeline.cluster import Cluster
+from client.cluster import Cluster
 from pipeline.partition_remover import STATE_FILE_NAME, last_run_ms
 from pipeline.retention import run_retention
 from storage.indexes import write_segment_files

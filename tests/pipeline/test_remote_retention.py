@@ -6,7 +6,7 @@ import time
 import uuid
 from pathlib import Path
 
-from pipeline.cluster import Cluster
+from client.cluster import Cluster
 from pipeline.remote_retention import expired_segments
 from pipeline.retention import REMOTE_RETENTION, run_retention
 from storage.errors import RemoteStorageError

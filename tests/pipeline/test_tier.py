@@ -14,12 +14,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from pipeline.cluster import READ_COMMITTED, Cluster
+from client.cluster import READ_COMMITTED, Cluster
 from pipeline.copy import metadata_manager
 from pipeline.tier import PassReport, run_pass
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
-from proxy.config import Config, parse
+from config import Config, parse
 from storage.factory import remote_storage_manager
 from storage.indexes import TransactionIndex
 from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
@@ -216,9 +216,9 @@ async def test_tier_to_s3_ships_the_tail_once_it_is_older_than_segment_ms(
 
 
 def test_intervals_and_retry_backoff():
-    from pipeline.cli import parse_interval_ms
+    from tierproxy.tier import parse_interval_ms
     from pipeline.tier import retry_backoff_ms
-    from proxy.config import ConfigError
+    from config import ConfigError
 
     assert [parse_interval_ms(t) for t in ("30s", "5m", "1h", "250ms", "1500")] == [30_000, 300_000, 3_600_000,
                                                                                   250, 1500]

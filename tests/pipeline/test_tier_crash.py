@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster import Cluster
+from client.cluster import Cluster
 from pipeline.copy import InjectedFailure, metadata_manager, run_copy
 from pipeline.plan import plan_pass
 from pipeline.tier import run_pass
-from proxy.config import Config
+from config import Config
 from storage.factory import remote_storage_manager
 from storage.metadata.file_store import LOG_FILE_NAME, scan_entries
 from storage.model import (

@@ -93,7 +93,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
 
 
 async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, tmp_path):
-    """spark-submit with pipeline/submit.py: the submitted master wins over the file's."""
+    """spark-submit with tierproxy/submit.py: the submitted master wins over the file's."""
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic(partitions=1, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
     await produce_mixed(bootstrap, name, 1, per_codec=500, per_transaction=20)

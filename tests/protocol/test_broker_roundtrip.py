@@ -17,7 +17,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 from protocol.apis import ApiKey, ErrorCode, OffsetSpec
 from protocol.codecs import INTERCEPTED, request_schema
 from protocol.records import Compression, ControlType, control_type, iter_batches
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from tests.helpers.produce import produce_mixed
 
 PARTITIONS = 3

@@ -25,7 +25,7 @@ from protocol.apis import ApiKey
 from protocol.codecs import INTERCEPTED, decode_response
 from protocol.framing import FrameDecoder, encode_frame
 from protocol.headers import encode_request_header, parse_response_header
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from proxy.metrics import ProxyMetrics
 from proxy.serve import build_interceptors
 from proxy.server import parse_host_port
@@ -59,7 +59,7 @@ def replicated_topic(kafka_cluster_3) -> Iterator[str]:
 
 
 def _proxy_addresses(proxy: ProxyThread) -> dict[int, tuple[str, int]]:
-    base = proxy.config["proxy.broker.port.base"]
+    base = config["proxy.broker.port.base"]
     return {node: ("127.0.0.1", base + node) for node in range(NODES)}
 
 

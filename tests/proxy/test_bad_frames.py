@@ -20,7 +20,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from protocol.apis import ApiKey
 from protocol.framing import encode_frame
 from protocol.headers import encode_request_header
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from proxy.metrics import ProxyMetrics
 from proxy.server import ProxyServer, parse_host_port
 from proxy.serve import build_interceptors

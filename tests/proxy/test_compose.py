@@ -1,7 +1,7 @@
 """docker-compose.yml, the Dockerfile and deploy/ agree with each other.
 
 No Docker engine runs here, so this reads the files: the compose file, the one
-configuration file mounted into the proxy and the pipeline (loaded with proxy.config, so
+configuration file mounted into the proxy and the pipeline (loaded with config, so
 every key in it must be valid), Prometheus' configuration and the Dockerfile, and checks
 that hosts, ports, the bucket, the credentials and the mounted path are the same
 everywhere. `docker compose config` runs too when a compose plugin is installed.
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from proxy.config import Config, load
+from config import Config, load
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

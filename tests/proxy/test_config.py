@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import KEYS, MIB, TOPIC_KEYS, ConfigError, load, parse
+from config import KEYS, MIB, TOPIC_KEYS, ConfigError, load, parse
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092"}
 

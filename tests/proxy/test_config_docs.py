@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
-from proxy.config import KEYS, TOPIC_KEYS
-from proxy.config_check import REGENERATE, generate_docs
+from tierproxy.cli import main
+from config import KEYS, TOPIC_KEYS
+from tierproxy.config_check import REGENERATE, generate_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "configuration.md"
@@ -39,7 +39,7 @@ def test_reference_has_every_key_with_type_default_and_valid_values():
 
 
 def test_both_commands_print_the_reference():
-    for argv in (["-m", "proxy.cli", "config", "docs"], ["-m", "proxy.config_check", "--docs"]):
+    for argv in (["-m", "tierproxy.cli", "config", "docs"], ["-m", "tierproxy.config_check", "--docs"]):
         result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert result.stdout == generate_docs()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from proxy.cli import main
-from proxy.loadtest import LatencyWindow, LoadTest, StartPosition, merge_latency, parse_start
+from tierproxy.cli import main
+from tierproxy.loadtest import LatencyWindow, LoadTest, StartPosition, merge_latency, parse_start
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, running_proxy

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import javaproperties
 
-from proxy.cli import build_parser
-from proxy.config import parse
+from tierproxy.cli import build_parser
+from config import parse
 from proxy.metrics import ProxyMetrics
 from proxy.remote_metrics import RemoteMetrics
 

@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, Producer
 
 from protocol.framing import FrameDecoder, encode_frame
-from proxy.config import Config, parse
+from config import Config, parse
 from proxy.metrics import ProxyMetrics
 from proxy.serve import build_interceptors
 from proxy.server import ProxyServer, parse_host_port

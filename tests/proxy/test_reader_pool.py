@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import parse
+from config import parse
 from proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
 from proxy.remote_metrics import RemoteMetrics
 from proxy.remote_read import RemoteReadEngine

@@ -18,10 +18,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Producer
 
-from pipeline.cluster import Cluster
-from proxy.config import load
-from proxy.kafka_connection import KafkaConnection
-from proxy.status import broken_invariants
+from client.cluster import Cluster
+from config import load
+from client.connection import KafkaConnection
+from tierproxy.status import broken_invariants
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.model import TopicIdPartition
 from tests.helpers.remote_tier import fetch_raw_log, tier_log, topic_id_of
@@ -48,7 +48,7 @@ def test_invariants_of_seed_001():
 
 def _status(properties: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "status", "--config", str(properties), *args],
+        [sys.executable, "-m", "tierproxy.cli", "status", "--config", str(properties), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
 
@@ -198,5 +198,5 @@ def test_unreachable_cluster_exits_2(tmp_path):
 
 
 def test_status_does_not_import_pyspark():
-    code = "import sys, proxy.cli, proxy.status; sys.exit('pyspark' in sys.modules)"
+    code = "import sys, tierproxy.cli, tierproxy.status; sys.exit('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0

@@ -37,7 +37,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from proxy.server import parse_host_port
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager

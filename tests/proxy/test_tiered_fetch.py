@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from pipeline.cluster import Cluster
+from client.cluster import Cluster
 from protocol.records import iter_batches
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from storage.model import TopicIdPartition

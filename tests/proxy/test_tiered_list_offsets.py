@@ -22,7 +22,7 @@ from kio.schema.list_offsets.v9 import request as v9
 from kio.static.primitive import i8, i32, i64
 
 from protocol.apis import ErrorCode, OffsetSpec
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 from proxy.server import parse_host_port
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager

@@ -2,7 +2,7 @@
 data set, tier the oldest part of each partition into a remote tier and trim the
 broker's log behind it, and consume it all back.
 
-The cluster is reached through `pipeline.cluster.Cluster` (each partition at its
+The cluster is reached through `client.cluster.Cluster` (each partition at its
 leader), so the same helpers serve one broker, three brokers, and a SASL cluster
 through its PLAINTEXT inter-broker listener. Every segment copied is remembered with
 its local files, so a test can upload the very same segments again (moto forgets its
@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from pipeline.cluster import Cluster, TopicInfo
+from client.cluster import Cluster, TopicInfo
 from protocol.apis import OffsetSpec
 from protocol.records import iter_batches
 from storage.model import LogSegmentData, RemoteLogSegmentMetadata, TopicIdPartition

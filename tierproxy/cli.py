@@ -53,7 +53,7 @@ def _add_status(commands) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long to wait for the remote log metadata to load")
-    status.set_defaults(run=_lazy("proxy.status"))
+    status.set_defaults(run=_lazy("tierproxy.status"))
 
 
 def _add_config(commands) -> None:
@@ -61,13 +61,13 @@ def _add_config(commands) -> None:
     actions = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     _config_arguments(actions.add_parser("check", help="validate a file and print the effective configuration"))
     actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations")
-    config.set_defaults(run=_lazy("proxy.config_check"))
+    config.set_defaults(run=_lazy("tierproxy.config_check"))
 
 
 def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="run the proxy until SIGTERM or SIGINT")
     _config_arguments(serve)
-    serve.set_defaults(run=_lazy("proxy.serve"))
+    serve.set_defaults(run=_lazy("tierproxy.serve"))
 
 
 def _add_tier(commands) -> None:
@@ -76,7 +76,7 @@ def _add_tier(commands) -> None:
     tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")
-    tier.set_defaults(run=_lazy("pipeline.cli"))
+    tier.set_defaults(run=_lazy("tierproxy.tier"))
 
 
 def _add_loadtest(commands) -> None:
@@ -85,7 +85,7 @@ def _add_loadtest(commands) -> None:
     from .loadtest import add_arguments  # confluent-kafka is imported only when the test runs
 
     add_arguments(loadtest)
-    loadtest.set_defaults(run=_lazy("proxy.loadtest"))
+    loadtest.set_defaults(run=_lazy("tierproxy.loadtest"))
 
 
 def main(argv: list[str] | None = None) -> int:

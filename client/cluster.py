@@ -1,6 +1,6 @@
 """What the pipeline asks the Kafka cluster: topics and their ids and leaders, offsets,
 raw record batches, and DeleteRecords. Each request goes to the partition's leader over
-tierproxy's own protocol connection (proxy.kafka_connection), so batches arrive exactly
+tierproxy's own protocol connection (client.connection), so batches arrive exactly
 as the broker stores them.
 """
 
@@ -21,7 +21,7 @@ from protocol.requests import (
     list_offsets_request,
     metadata_request,
 )
-from proxy.kafka_connection import KafkaConnection
+from client.connection import KafkaConnection
 
 __all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "ListedOffset", "PartitionInfo", "TopicInfo"]
 

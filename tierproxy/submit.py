@@ -1,6 +1,6 @@
 """The file to hand `spark-submit`: `tierproxy tier` on any Spark master.
 
-    spark-submit --master spark://HOST:7077 pipeline/submit.py --config tierproxy.properties [--every 30s]
+    spark-submit --master spark://HOST:7077 tierproxy/submit.py --config tierproxy.properties [--every 30s]
 
 The master given to spark-submit wins over `spark.master` in the file (see spark.py).
 """
@@ -13,7 +13,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
-from proxy.cli import main  # noqa: E402
+from tierproxy.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["tier", *sys.argv[1:]]))

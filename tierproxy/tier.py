@@ -11,7 +11,7 @@ import logging
 import re
 import sys
 
-from proxy.config import ConfigError, load
+from config import ConfigError, load
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tierproxy tier: {e}", file=sys.stderr)
         return 2
 
-    from .spark import spark_session
-    from .tier import PipelineBusy, run_every, run_pass
+    from pipeline.spark import spark_session
+    from pipeline.tier import PipelineBusy, run_every, run_pass
 
     spark = spark_session(config)
     try:

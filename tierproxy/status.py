@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from aiokafka.errors import KafkaError
 
-from pipeline.cluster import READ_COMMITTED, Cluster, ClusterError
+from client.cluster import READ_COMMITTED, Cluster, ClusterError
 from protocol.apis import OffsetSpec
 from storage.errors import MetadataNotReady, RemoteLogMetadataError
 from storage.factory import remote_log_metadata_manager
@@ -42,12 +42,12 @@ from storage.metadata import RemoteLogMetadataManager
 from storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
 from storage.model import RemoteLogSegmentState, TopicIdPartition
 
-from .config import Config, ConfigError, load
+from config import Config, ConfigError, load
 
 EXIT_OK = 0
 EXIT_BROKEN = 1
 EXIT_ERROR = 2
-DEFAULT_TIMEOUT_S = 30.0  # the `--timeout` of proxy/cli.py
+DEFAULT_TIMEOUT_S = 30.0  # the `--timeout` of tierproxy/cli.py
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@
 every key's effective value and where it came from: the file, an override, or the
 default. Secrets are masked. A bad file exits 2 with the message naming the key.
 
-`docs` writes docs/configuration.md from the declarations in proxy/config.py, so the
+`docs` writes docs/configuration.md from the declarations in config/__init__.py, so the
 reference can never drift from what `parse` accepts:
 
     tierproxy config docs > docs/configuration.md
-    python -m proxy.config_check --docs > docs/configuration.md
+    python -m tierproxy.config_check --docs > docs/configuration.md
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import javaproperties
 
-from .config import (
+from config import (
     TOPIC_DEFAULTS as TOPIC_FALLBACKS,  # topic-level key -> the default key it falls back to
     GIB,
     KEYS,
@@ -171,7 +171,7 @@ def generate_docs() -> str:
     lines = [
         "# Configuration reference",
         "",
-        f"<!-- Generated from proxy/config.py by `{REGENERATE}`. Do not edit by hand. -->",
+        f"<!-- Generated from config/__init__.py by `{REGENERATE}`. Do not edit by hand. -->",
         "",
         "The proxy (`tierproxy serve`) and the pipeline (`tierproxy tier`) read one Kafka-style",
         "`.properties` file, given with `--config FILE`; `--override key=value` sets a key on the",
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proxy.config_check")
+    parser = argparse.ArgumentParser(prog="python -m tierproxy.config_check")
     parser.add_argument("--docs", action="store_true", help="print docs/configuration.md")
     parser.add_argument("--config", metavar="FILE")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")

@@ -1,0 +1,5 @@
+import sys
+
+from tierproxy.cli import main
+
+sys.exit(main())
