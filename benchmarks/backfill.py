@@ -93,7 +93,7 @@ async def tier_everything(properties: dict[str, str]) -> int:
     from storage.factory import remote_storage_manager
 
     config = parse(properties)
-    async with Cluster(config["bootstrap.servers"]) as cluster, metadata_manager(config) as rlmm:
+    async with Cluster.from_config(config) as cluster, metadata_manager(config) as rlmm:
         plans = [p for p in await plan_pass(config, cluster, rlmm) if not p.empty]
     copied = 0
     results = []

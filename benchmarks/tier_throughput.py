@@ -62,7 +62,7 @@ async def measure_task(config, repeats: int) -> tuple[int, float, float]:
     from pipeline.plan import plan_pass
     from storage.factory import remote_storage_manager
 
-    async with Cluster(config["bootstrap.servers"]) as cluster, metadata_manager(config) as rlmm:
+    async with Cluster.from_config(config) as cluster, metadata_manager(config) as rlmm:
         plans = [p for p in await plan_pass(config, cluster, rlmm) if not p.empty]
     best = None
     for _ in range(repeats):

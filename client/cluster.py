@@ -1,7 +1,8 @@
 """What the pipeline asks the Kafka cluster: topics and their ids and leaders, offsets,
 raw record batches, and DeleteRecords. Each request goes to the partition's leader over
 tierproxy's own protocol connection (client.connection), so batches arrive exactly
-as the broker stores them.
+as the broker stores them. Every connection is secured as the configuration says
+(`Cluster.from_config`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.apis import ErrorCode, OffsetSpec, error_name
 from protocol.requests import (
@@ -21,7 +23,8 @@ from protocol.requests import (
     list_offsets_request,
     metadata_request,
 )
-from client.connection import KafkaConnection
+from .connection import AuthenticationError, KafkaConnection
+from .security import PLAINTEXT, Security, security
 
 __all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "ListedOffset", "PartitionInfo", "TopicInfo"]
 
@@ -58,13 +61,20 @@ class ListedOffset:
 class Cluster:
     """Connections to the brokers of one cluster, opened lazily, one per node."""
 
-    def __init__(self, bootstrap_servers: Iterable[str], *, client_id: str = "tierproxy-pipeline") -> None:
+    def __init__(self, bootstrap_servers: Iterable[str], *, security: Security = PLAINTEXT,
+                 client_id: str = "tierproxy-pipeline") -> None:
         self._bootstrap = [self._split(server) for server in bootstrap_servers]
+        self._security = security
         self._client_id = client_id
         self._brokers: dict[int, tuple[str, int]] = {}
         self._connections: dict[int, KafkaConnection] = {}
         self._bootstrap_connection: KafkaConnection | None = None
         self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, client_id: str = "tierproxy-pipeline") -> Cluster:
+        """The configured cluster, with its security (files read and checked now)."""
+        return cls(config["bootstrap.servers"], security=security(config), client_id=client_id)
 
     @staticmethod
     def _split(server: str) -> tuple[str, int]:
@@ -89,8 +99,11 @@ class Cluster:
             errors = []
             for host, port in self._bootstrap:
                 try:
-                    self._bootstrap_connection = await KafkaConnection.open(host, port, client_id=self._client_id)
+                    self._bootstrap_connection = await KafkaConnection.open(
+                        host, port, security=self._security, client_id=self._client_id)
                     break
+                except AuthenticationError:
+                    raise  # the same credentials fail on every broker
                 except ConnectionError as e:
                     errors.append(str(e))
             else:
@@ -104,7 +117,7 @@ class Cluster:
                 if node_id not in self._brokers:
                     await self.topics([])
                 host, port = self._brokers[node_id]
-                connection = await KafkaConnection.open(host, port, client_id=self._client_id)
+                connection = await KafkaConnection.open(host, port, security=self._security, client_id=self._client_id)
                 self._connections[node_id] = connection
             return connection
 

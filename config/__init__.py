@@ -118,18 +118,19 @@ class ConfigKey:
 
     def parse(self, text: str, *, as_name: str | None = None) -> Any:
         name = as_name or self.name
+        shown = "[hidden]" if self.secret else repr(text)
         try:
             value = _PARSERS[self.type](text)
         except ValueError as e:
             detail = f"must be {_EXPECTED[self.type]}" if self.type in _EXPECTED else str(e)
-            raise ConfigError(f"{name}={text!r}: {detail}") from None
+            raise ConfigError(f"{name}={shown}: {detail}") from None
         if as_name is not None and self.alias_convert is not None:
             value = self.alias_convert(value)
         if self.validator is not None:
             try:
                 self.validator(value)
             except ValueError as e:
-                raise ConfigError(f"{name}={text!r}: {e}") from None
+                raise ConfigError(f"{name}={shown}: {e}") from None
         return value
 
 
@@ -153,6 +154,47 @@ def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None
 # Cluster
 _define("bootstrap.servers", list, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
         "cluster")
+
+# Security of the connections tierproxy opens itself (the pipeline, `status`, the
+# metadata topic, the proxy's own broker queries), with Kafka's client names; the
+# librdkafka spellings (`ssl.ca.location`, `sasl.username`, ...) are accepted too.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+STORE_TYPES = ("PEM", "PKCS12")
+_define("security.protocol", str, "PLAINTEXT",
+        "How tierproxy and the proxy's upstream connections reach the brokers. With SSL or SASL_SSL "
+        "the proxy also speaks TLS to the brokers for its clients; SASL stays the clients' own.",
+        "security", validator=OneOf(SECURITY_PROTOCOLS))
+_define("sasl.mechanism", str, "",
+        "SASL mechanism of tierproxy's own connections (required with SASL_PLAINTEXT and SASL_SSL).",
+        "security", validator=OneOf(("", *SASL_MECHANISMS)))
+_define("sasl.jaas.config", str, "",
+        "Credentials as Kafka writes them: `org.apache.kafka.common.security.plain.PlainLoginModule "
+        "required username=\"u\" password=\"p\";` (or `...scram.ScramLoginModule`); or give "
+        "sasl.username and sasl.password.", "security", secret=True)
+_define("sasl.username", str, "", "SASL user name (instead of sasl.jaas.config).", "security")
+_define("sasl.password", str, "", "SASL password (instead of sasl.jaas.config).", "security", secret=True)
+_define("ssl.truststore.location", str, "",
+        "CA certificates that verify the brokers (ssl.truststore.type); empty for the system's trust store.",
+        "security")
+_define("ssl.truststore.type", str, "PEM", "Format of ssl.truststore.location (JKS: convert with keytool).",
+        "security", validator=OneOf(STORE_TYPES))
+_define("ssl.truststore.password", str, "", "Password of a PKCS12 truststore.", "security", secret=True)
+_define("ssl.ca.location", str, "", "PEM CA certificates that verify the brokers (librdkafka's name).",
+        "security")
+_define("ssl.keystore.location", str, "",
+        "Client certificate and private key for mutual TLS (ssl.keystore.type).", "security")
+_define("ssl.keystore.type", str, "PEM", "Format of ssl.keystore.location.", "security",
+        validator=OneOf(STORE_TYPES))
+_define("ssl.keystore.password", str, "", "Password of a PKCS12 keystore.", "security", secret=True)
+_define("ssl.certificate.location", str, "",
+        "PEM client certificate for mutual TLS (librdkafka's name; with ssl.key.location).", "security")
+_define("ssl.key.location", str, "", "PEM private key of ssl.certificate.location.", "security")
+_define("ssl.key.password", str, "", "Password of the client's private key, if it is encrypted.", "security",
+        secret=True)
+_define("ssl.endpoint.identification.algorithm", str, "https",
+        "`https` checks that a broker's certificate names the host connected to; empty turns the check off.",
+        "security", validator=OneOf(("https", "")))
 
 # Remote storage
 _define("remote.log.storage.backend", str, "local",
@@ -298,11 +340,6 @@ _define("proxy.ssl.key.location", str, "",
         "PEM private key of proxy.ssl.certificate.location; empty if the certificate file holds it.", "proxy")
 _define("proxy.ssl.key.password", str, "", "Password of the private key, if encrypted.", "proxy",
         secret=True)
-_define("broker.ssl.enable", bool, False, "Connect to the brokers with TLS.", "proxy")
-_define("broker.ssl.ca.location", str, "",
-        "PEM CA certificates that verify the brokers; empty for the system's trust store.", "proxy")
-_define("broker.ssl.endpoint.identification.enable", bool, True,
-        "Check that a broker's certificate names the host connected to.", "proxy")
 
 KEYS: Mapping[str, ConfigKey] = {key.name: key for key in _KEYS}
 TOPIC_KEYS: Mapping[str, ConfigKey] = _TOPIC_KEYS
@@ -420,8 +457,30 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
     if values["remote.log.manager.task.retry.backoff.max.ms"] < values["remote.log.manager.task.retry.backoff.ms"]:
         raise ConfigError("remote.log.manager.task.retry.backoff.max.ms must be >= "
                           "remote.log.manager.task.retry.backoff.ms")
+    _check_security(values)
     topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
     return Config(values=values, topics=topics, source=source)
+
+
+def _check_security(values: Mapping[str, Any]) -> None:
+    """What can be told from the values alone; the files are read by client.security."""
+    protocol = values["security.protocol"]
+    for one, other in (("ssl.truststore.location", "ssl.ca.location"),
+                       ("ssl.keystore.location", "ssl.certificate.location")):
+        if values[one] and values[other]:
+            raise ConfigError(f"{one} and {other} set the same thing; give only one")
+    if bool(values["ssl.certificate.location"]) != bool(values["ssl.key.location"]):
+        raise ConfigError("ssl.certificate.location and ssl.key.location go together (PEM certificate and key)")
+    if not protocol.startswith("SASL_"):
+        return
+    if not values["sasl.mechanism"]:
+        raise ConfigError(f"sasl.mechanism is required with security.protocol={protocol}: one of "
+                          + ", ".join(SASL_MECHANISMS))
+    if values["sasl.jaas.config"] and (values["sasl.username"] or values["sasl.password"]):
+        raise ConfigError("sasl.jaas.config and sasl.username/sasl.password set the same thing; give only one")
+    if not values["sasl.jaas.config"] and not values["sasl.username"]:
+        raise ConfigError(f"security.protocol={protocol} needs credentials: sasl.jaas.config, or "
+                          "sasl.username and sasl.password")
 
 
 def _suggest(name: str) -> str:

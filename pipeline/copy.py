@@ -272,7 +272,7 @@ async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> 
         fail_after = config["pipeline.test.fail.after.objects"]
         if fail_after and attempt == 0:
             _inject_failure(rsm, fail_after)
-        async with Cluster(config["bootstrap.servers"]) as cluster, rsm, \
+        async with Cluster.from_config(config) as cluster, rsm, \
                 metadata_manager(config, in_task=True, scratch_dir=str(scratch / "metadata")) as rlmm:
             result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch)
         result.attempt = attempt

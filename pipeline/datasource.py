@@ -283,7 +283,7 @@ async def _wait_for_topic_metadata(rlmm: RemoteLogMetadataManager, config: Confi
     until it has read what was there for each partition the cluster knows of the topic."""
     from client.cluster import Cluster
 
-    async with Cluster(config["bootstrap.servers"], client_id="tierproxy-read") as cluster:
+    async with Cluster.from_config(config, client_id="tierproxy-read") as cluster:
         info = (await cluster.topics([topic])).get(topic)
     if info is not None:
         for partition in info.partitions:

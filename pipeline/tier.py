@@ -215,7 +215,7 @@ def _retention_step():
 async def _pass(config: Config, spark: Any, stream: TextIO, *, retention: bool) -> PassReport:
     started = time.monotonic()
     report = PassReport()
-    async with Cluster(config["bootstrap.servers"]) as cluster, remote_storage_manager(config) as rsm, \
+    async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm:
         plans = await plan_pass(config, cluster, rlmm)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}

@@ -15,16 +15,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kio.schema.metadata.v12.request import MetadataRequest
-
+from client.connection import KafkaConnection, KafkaConnectionError
+from client.security import security
+from config import Config
 from protocol.errors import ProtocolError
+from protocol.requests import metadata_request
 
 from .client_connection import ClientConnection
-from config import Config
 from .handlers import InterceptorRegistry, ProxyServices
-from client.connection import KafkaConnection, KafkaConnectionError
 from .metrics import ProxyMetrics
-from .tls import broker_ssl_context, listener_ssl_context
+from .tls import listener_ssl_context
 
 __all__ = ("ProxyServer", "parse_host_port")
 
@@ -51,7 +51,10 @@ class ProxyServer:
             interceptors=interceptors if interceptors is not None else InterceptorRegistry(),
         )
         self._listener_ssl = listener_ssl_context(config)
-        self._broker_ssl = broker_ssl_context(config)
+        # The proxy's own connections authenticate as tierproxy; a client's upstream
+        # connection gets only the TLS part, and the client brings its own SASL.
+        self._security = security(config)
+        self._broker_ssl = self._security.ssl_context
         self._host: str = config["proxy.listener.host"]
         self._advertised_host: str = config["proxy.advertised.host"] or self._host
         self._port_base: int = config["proxy.broker.port.base"]
@@ -187,19 +190,14 @@ class ProxyServer:
 
     async def _discover(self) -> None:
         """Open every node's listener up front, so clients holding metadata from before a
-        restart can reconnect. Best effort: a broker that wants SASL first refuses it,
-        and then the nodes are learned from the clients' own Metadata."""
+        restart can reconnect. Asked with tierproxy's own credentials (security.protocol,
+        sasl.*); best effort: without them a SASL broker refuses, and then the nodes are
+        learned from the clients' own Metadata."""
         for host, port in self._bootstrap:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, ssl=self._broker_ssl,
-                                            server_hostname=host if self._broker_ssl else None),
-                    self._connect_timeout)
-                async with KafkaConnection(reader, writer, client_id="tierproxy") as connection:
-                    response = await connection.request(
-                        MetadataRequest(topics=(), allow_auto_topic_creation=False,
-                                        include_topic_authorized_operations=False),
-                        timeout=self._connect_timeout)
+                async with await KafkaConnection.open(host, port, security=self._security, client_id="tierproxy",
+                                                      timeout=self._connect_timeout) as connection:
+                    response = await connection.request(metadata_request(()), timeout=self._connect_timeout)
             except (OSError, asyncio.TimeoutError, ProtocolError, KafkaConnectionError) as e:
                 log.info("no broker list from %s:%d (%s); learning nodes from client traffic", host, port, e)
                 continue

@@ -1,13 +1,15 @@
 """Builds the configured RemoteStorageManager and RemoteLogMetadataManager.
 
-Takes the parsed configuration as a mapping of key -> typed value (config.Config
-is one), so storage/ depends on no other package of tierproxy.
+Takes the parsed configuration as a mapping of key -> typed value (config.Config is
+one). The topic backend reaches the cluster with the configured security (client.security).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from client.security import aiokafka_options
 
 from .metadata import RemoteLogMetadataManager
 from .rsm import RemoteStorageManager
@@ -47,9 +49,10 @@ def remote_log_metadata_manager(
 ) -> RemoteLogMetadataManager:
     """Not started yet: `async with` it, or call `start()`.
 
-    File backend: `read_only` is for readers such as the proxy, which never write
-    metadata and must not take the writer's lock; `shared` for several writers at once
-    (the pipeline's driver and tasks), each append under the file's lock.
+    `read_only` is for readers such as the proxy, which never write metadata: the file
+    backend takes no writer's lock, the topic backend creates no topic and no producer.
+    File backend: `shared` for several writers at once (the pipeline's driver and
+    tasks), each append under the file's lock.
     """
     backend = config["remote.log.metadata.backend"]
     directory = config["remote.log.metadata.dir"]
@@ -66,5 +69,7 @@ def remote_log_metadata_manager(
             directory=directory,
             num_partitions=config["remote.log.metadata.topic.num.partitions"],
             replication_factor=None if replication == -1 else replication,
+            client_config=aiokafka_options(config),
+            read_only=read_only,
         )
     raise ValueError(f"remote.log.metadata.backend={backend!r}: must be file or topic")

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import javaproperties
 
+from client.security import security
 from config import (
     TOPIC_DEFAULTS as TOPIC_FALLBACKS,  # topic-level key -> the default key it falls back to
     GIB,
@@ -107,6 +108,7 @@ def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO) 
     overrides = list(overrides)
     try:
         config = load(path, overrides)
+        security(config)  # the certificate files and the JAAS line are read now, not at first use
         given = _given_keys(path)
     except ConfigError as e:
         print(f"tierproxy: invalid configuration: {e}", file=err)

@@ -479,6 +479,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isolation", choices=("read_uncommitted", "read_committed"), default="read_uncommitted")
     parser.add_argument("--stats-interval-ms", type=int, default=1000, metavar="MS",
                         help="librdkafka statistics window, the fetch latency's resolution (default 1000)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a tierproxy .properties file whose security keys (security.protocol, sasl.*, "
+                             "ssl.*) the consumers use, e.g. to log in through the proxy with SCRAM")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a key on top of --config (repeatable)")
     parser.add_argument("-X", dest="client_config", action="append", default=[], metavar="KEY=VALUE",
                         help="a librdkafka consumer property (repeatable), e.g. -X fetch.max.bytes=104857600")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON document")
@@ -501,6 +506,17 @@ def _client_config(pairs: list[str]) -> dict[str, str]:
     return config
 
 
+def _security_config(args: argparse.Namespace) -> dict[str, str]:
+    """librdkafka's spelling of the security in --config (nothing without one)."""
+    if args.config is None and not args.override:
+        return {}
+    from client.security import librdkafka_options
+    from config import load
+
+    # The file's bootstrap.servers is the cluster's; the consumers go to --bootstrap.
+    return librdkafka_options(load(args.config, [*args.override, f"bootstrap.servers={args.bootstrap}"]))
+
+
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
@@ -508,7 +524,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         test = LoadTest(
             args.bootstrap, args.topic, consumers=args.consumers, start=args.start, duration_s=args.duration,
             max_records=args.max_records, isolation=args.isolation, stats_interval_ms=args.stats_interval_ms,
-            client_config=_client_config(args.client_config), progress=stderr,
+            client_config={**_security_config(args), **_client_config(args.client_config)}, progress=stderr,
         )
     except ValueError as e:
         print(f"tierproxy loadtest: {e}", file=stderr)

@@ -159,7 +159,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S) -> Repo
     before the remote metadata, and Ly and then Lz after it."""
     wanted = [t.name for t in config.tiered_topics]
     async with AsyncExitStack() as stack:
-        cluster = await stack.enter_async_context(Cluster(config["bootstrap.servers"], client_id="tierproxy-status"))
+        cluster = await stack.enter_async_context(Cluster.from_config(config, client_id="tierproxy-status"))
         topics = await cluster.topics(wanted) if wanted else {}
         missing = [name for name in wanted if name not in topics]
         tps = [(name, p) for name in wanted if name in topics for p in sorted(topics[name].partitions)]

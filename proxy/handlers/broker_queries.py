@@ -5,12 +5,15 @@ aborted transactions at the local log start (a READ_COMMITTED Fetch).
 
 What they learn is kept per connection (`TierConnectionState`), never shared between
 clients: the broker's OFFSET_OUT_OF_RANGE on this connection is the proof that lets
-remote data be served on it. Versions used (Metadata v12, ListOffsets v7, Fetch v12)
+remote data be served on it. They carry the client's client id (quotas stay the
+client's) but correlation ids of the proxy's own, counting down from -1, so that in
+the broker's request log they never pass for one of the client's requests. Versions used (Metadata v12, ListOffsets v7, Fetch v12)
 are accepted by every Kafka 3.x and 4.x broker.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -49,6 +52,14 @@ class TierConnectionState:
     # (topic id, partition) -> offsets, present once the broker answered
     # OFFSET_OUT_OF_RANGE for an offset below its local log start on this connection.
     proven: dict[tuple[uuid.UUID, int], PartitionOffsets] = field(default_factory=dict)
+    correlation_ids: itertools.count = field(default_factory=lambda: itertools.count(-1, -1))
+
+    def next_correlation_id(self) -> int:
+        correlation_id = next(self.correlation_ids)
+        if correlation_id < -(2**31):  # int32 on the wire: start again at -1
+            self.correlation_ids = itertools.count(-2, -1)
+            return -1
+        return correlation_id
 
     def learn_topic(self, name: str, topic_id: uuid.UUID) -> None:
         self.topic_ids[name] = topic_id
@@ -69,7 +80,8 @@ class BrokerQueries:
         self.state = state
 
     async def _ask(self, request):
-        payload = await self._forward(encode_request(request, self._header.correlation_id, self._header.client_id))
+        payload = await self._forward(
+            encode_request(request, self.state.next_correlation_id(), self._header.client_id))
         return decode_response(request.__api_key__, request.__version__, payload)
 
     async def topic_ids(self, names: set[str]) -> dict[str, uuid.UUID]:

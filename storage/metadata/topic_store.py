@@ -33,6 +33,8 @@ After Kafka's `TopicBasedRemoteLogMetadataManager` and seed 003:
   `waitTillConsumptionCatchesUp`); if the consumer dropped it because another writer's
   record got there first, the write raises RemoteLogMetadataError.
 - A partition is ready once its metadata partition was read up to the end offset seen at start.
+- `read_only=True` (the proxy, `tierproxy status`): no producer and no CreateTopics; a
+  missing topic is an error naming the command that creates it.
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         retention_ms: int = -1,
         publish_timeout: float = 30.0,
         client_config: Mapping[str, Any] | None = None,
+        read_only: bool = False,
     ) -> None:
         super().__init__()
         if num_partitions < 1:
@@ -188,6 +191,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         self.retention_ms = retention_ms
         self.publish_timeout = publish_timeout
         self._client_config = dict(client_config or {})
+        self.read_only = read_only
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._consume_task: asyncio.Task[None] | None = None
@@ -217,11 +221,13 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         await asyncio.to_thread(self._load_directory)
         await self._ensure_topic()
         common = {"bootstrap_servers": self.bootstrap_servers, **self._client_config}
-        self._producer = AIOKafkaProducer(**common, acks="all", enable_idempotence=True)
+        if not self.read_only:
+            self._producer = AIOKafkaProducer(**common, acks="all", enable_idempotence=True)
         self._consumer = AIOKafkaConsumer(
             **common, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
         try:
-            await self._producer.start()
+            if self._producer is not None:
+                await self._producer.start()
             await self._consumer.start()
             partitions = [TopicPartition(self.topic, p) for p in range(self.num_partitions)]
             self._consumer.assign(partitions)
@@ -259,6 +265,9 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             # Listing all topics, not describing this one: a Metadata request naming a missing
             # topic may auto-create it with the broker's default partition count.
             if self.topic not in await admin.list_topics():
+                if self.read_only:
+                    raise RemoteLogMetadataError(
+                        f"{self.topic} does not exist yet: the first `tierproxy tier` creates it")
                 replication = self.replication_factor
                 if replication is None:
                     replication = min(3, len((await admin.describe_cluster())["brokers"]))
@@ -398,6 +407,8 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
     # ------------------------------------------------------------------ writing
 
     async def _publish(self, record: RemoteLogMetadata) -> None:
+        if self.read_only:
+            raise RemoteLogMetadataError(f"{self.topic} metadata manager is read-only")
         if self._producer is None:
             raise MetadataNotReady(f"{self.topic} metadata manager is not started")
         tp = topic_id_partition_of(record)

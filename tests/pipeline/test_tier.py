@@ -91,7 +91,7 @@ async def all_segments(config: Config, tp: TopicIdPartition) -> list[RemoteLogSe
 async def check_remote_log(config: Config, topic: str, *, tail_may_wait: bool) -> dict[int, list[RemoteLogSegmentMetadata]]:
     """Byte-identity and contiguity of every partition's FINISHED segments; returns them."""
     out = {}
-    async with Cluster(config["bootstrap.servers"]) as cluster, remote_storage_manager(config) as rsm:
+    async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm:
         topics = await cluster.topics([topic])
         info = topics[topic]
         tps = [(topic, p) for p in sorted(info.partitions)]

@@ -90,7 +90,7 @@ async def assert_orphans_cleaned(config: Config, topic: str) -> dict:
     for sid, (_, seen) in segments.items():
         if sid not in finished:
             assert seen == [S.COPY_SEGMENT_STARTED, S.DELETE_SEGMENT_STARTED, S.DELETE_SEGMENT_FINISHED], seen
-    async with remote_storage_manager(config) as rsm, Cluster(config["bootstrap.servers"]) as cluster:
+    async with remote_storage_manager(config) as rsm, Cluster.from_config(config) as cluster:
         info = (await cluster.topics([topic]))[topic]
         for p in info.partitions:
             tp = TopicIdPartition(info.topic_id, topic, p)
@@ -131,7 +131,7 @@ async def test_a_crashed_driver_leaves_started_segments_that_the_next_pass_clean
 
     # The tasks of a pass whose driver died before committing: partition 0 uploaded its
     # whole range, partition 1 failed half-way; nothing was marked FINISHED.
-    async with Cluster(config["bootstrap.servers"]) as cluster, metadata_manager(config) as rlmm:
+    async with Cluster.from_config(config) as cluster, metadata_manager(config) as rlmm:
         plans = await plan_pass(config, cluster, rlmm)
     complete = await run_copy(config, plans[0])
     assert len(complete.segments) >= 2

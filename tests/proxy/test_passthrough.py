@@ -321,7 +321,7 @@ async def test_tls_to_clients_and_to_brokers(kafka_cluster, topic, tmp_path):
     with running_proxy(kafka_cluster.bootstrap_servers, 1, **{
             "proxy.ssl.certificate.location": cert, "proxy.ssl.key.location": key}) as tls_proxy:
         with running_proxy(tls_proxy.bootstrap_servers, 1, **{
-                "broker.ssl.enable": "true", "broker.ssl.ca.location": cert}) as chained:
+                "security.protocol": "SSL", "ssl.ca.location": cert}) as chained:
             context = ssl.create_default_context(cafile=str(cert))
             producer = AIOKafkaProducer(bootstrap_servers=tls_proxy.bootstrap_servers, security_protocol="SSL",
                                         ssl_context=context)
