@@ -7,9 +7,27 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 # Spark binds to loopback like every other server the tests and the demo start.
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install jars test demo clean
+.PHONY: system install jars test demo demo-secure clean
 
-$(VENV)/.installed: pyproject.toml
+# Debian packages, installed with apt-get only when missing (one `apt-get update`, and
+# only then); a no-op on a machine that has them. COMMAND:PACKAGE pairs: kcat for the
+# kcat test, a Java runtime for Kafka and Spark, Maven for the Kafka jars.
+SYSTEM_PACKAGES := kcat:kcat java:openjdk-17-jre-headless mvn:maven
+
+system:
+	@missing=""; \
+	for pair in $(SYSTEM_PACKAGES); do \
+	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	$(PYTHON) -c 'import ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  echo "installing with apt-get:$$missing"; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml | system
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -18,15 +36,19 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Apache Kafka jars from Maven Central, cached outside the repository.
-jars: install
+jars: system install
 	$(PY) -m testbed jars
 
-test: install jars
+test: system install jars
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The run command: Kafka, the pipeline and the proxy end to end on this machine.
-demo: install jars
+demo: system install jars
 	$(PY) -m testbed.demo
+
+# The same with nothing plaintext: SASL_SSL broker, SCRAM logins, TLS at the proxy.
+demo-secure: system install jars
+	$(PY) -m testbed.demo --secure
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -30,12 +30,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lazy(module: str, function: str = "run"):
+# What each extra of pyproject.toml brings (module: distribution), for the subcommands
+# that need it: `pip install tierproxy` alone is the proxy.
+EXTRAS: dict[str, dict[str, str]] = {
+    "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas", "cramjam": "cramjam"},
+    "loadtest": {"confluent_kafka": "confluent-kafka"},
+}
+
+
+def missing_extra(extra: str) -> str | None:
+    """A one-line error when a package of `extra` is not installed, else None."""
+    from importlib.util import find_spec
+
+    for module, distribution in EXTRAS[extra].items():
+        if find_spec(module) is None:
+            return f"{distribution} is not installed: pip install 'tierproxy[{extra}]'"
+    return None
+
+
+def _lazy(module: str, function: str = "run", extra: str | None = None):
     """A subcommand's entry point, imported only when that subcommand runs."""
 
     def run(args: argparse.Namespace) -> int:
         from importlib import import_module
 
+        if extra is not None and (error := missing_extra(extra)):
+            print(f"tierproxy {args.command}: {error}", file=sys.stderr)
+            return 1
         return getattr(import_module(module), function)(args)
 
     return run
@@ -76,7 +97,7 @@ def _add_tier(commands) -> None:
     tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")
-    tier.set_defaults(run=_lazy("tierproxy.tier"))
+    tier.set_defaults(run=_lazy("tierproxy.tier", extra="pipeline"))
 
 
 def _add_loadtest(commands) -> None:
@@ -85,7 +106,7 @@ def _add_loadtest(commands) -> None:
     from .loadtest import add_arguments  # confluent-kafka is imported only when the test runs
 
     add_arguments(loadtest)
-    loadtest.set_defaults(run=_lazy("tierproxy.loadtest"))
+    loadtest.set_defaults(run=_lazy("tierproxy.loadtest", extra="loadtest"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,11 @@
 """docker-compose.yml, the Dockerfile and deploy/ agree with each other.
 
-No Docker engine runs here, so this reads the files: the compose file, the one
-configuration file mounted into the proxy and the pipeline (loaded with config, so
-every key in it must be valid), Prometheus' configuration and the Dockerfile, and checks
-that hosts, ports, the bucket, the credentials and the mounted path are the same
-everywhere. `docker compose config` runs too when a compose plugin is installed.
+No Docker engine runs here, so this reads the files: the compose file (validated offline
+against the Compose Specification's JSON schema, the copy vendored by check-jsonschema),
+the one configuration file mounted into the proxy and the pipeline (loaded with config,
+so every key in it must be valid), Prometheus' configuration and the Dockerfile's two
+targets, and checks that hosts, ports, the bucket, the credentials and the mounted path
+are the same everywhere, and that each image installs what its service runs.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
+import tomllib
+from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -276,11 +278,80 @@ def test_dockerfile_runs_as_a_non_root_user_with_a_healthcheck(services):
         assert user is not None and user.split(":")[0] not in ("root", "0"), f"{target} runs as {user}"
     proxy_stage = stages[services["proxy"]["build"]["target"]]
     assert _last(proxy_stage, "HEALTHCHECK") or services["proxy"].get("healthcheck")
-    pipeline_stage = stages[services["pipeline"]["build"]["target"]]
-    assert any("openjdk-17-jre-headless" in arguments for name, arguments in pipeline_stage if name == "RUN")
-    assert "pip install ." in " ".join(arguments for name, arguments in stages["base"] if name == "RUN")
     # The last stage is what a plain `docker build .` makes: the proxy.
     assert list(stages)[-1] == services["proxy"]["build"]["target"]
+
+
+def _pip_installs(stage: list[tuple[str, str]]) -> list[set[str]]:
+    """The extras of each `pip install .[extras]` of a stage (an empty set for `.`)."""
+    installs = []
+    for name, arguments in stage:
+        if name != "RUN":
+            continue
+        for command in re.split(r"&&|;", arguments):
+            words = shlex.split(command)
+            if words[:2] != ["pip", "install"]:
+                continue
+            for word in words[2:]:
+                match = re.fullmatch(r"\.(?:\[([\w,\s-]*)\])?", word)
+                if match:
+                    installs.append({e.strip() for e in (match.group(1) or "").split(",") if e.strip()})
+    return installs
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_each_image_installs_the_extras_its_service_runs(services):
+    """The proxy image: the core and `[loadtest]` (so `tierproxy loadtest` runs in it), no
+    Spark and no Java. The pipeline image: `[pipeline]` and a Java runtime."""
+    stages = _dockerfile_stages()
+    extras = set(_pyproject()["project"]["optional-dependencies"])
+    proxy = stages[services["proxy"]["build"]["target"]]
+    pipeline = stages[services["pipeline"]["build"]["target"]]
+    assert _pip_installs(proxy) == [{"loadtest"}]
+    assert _pip_installs(pipeline) == [{"pipeline"}]
+    assert {"loadtest", "pipeline"} <= extras
+    assert not any("openjdk" in arguments or "java" in arguments
+                   for name, arguments in proxy if name == "RUN")
+    assert any("openjdk-17-jre-headless" in arguments for name, arguments in pipeline if name == "RUN")
+
+
+def test_the_images_hold_every_package_the_commands_import():
+    """pyproject.toml's packages are COPYed (testbed, for tests only, may stay out) and
+    .dockerignore keeps none of them out of the build context."""
+    stages = _dockerfile_stages()
+    copied = set()
+    for name, arguments in stages["base"]:
+        if name == "COPY":
+            *sources, _ = shlex.split(arguments)
+            copied |= {source.rstrip("/") for source in sources}
+    patterns = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "testbed"}
+    assert all(any(re.fullmatch(pattern.replace("*", ".*"), name) for pattern in patterns) for name in packages)
+    assert packages | {"pyproject.toml", "README.md"} <= copied, sorted(packages - copied)
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert not copied & ignored
+
+
+def test_kafka_has_the_single_node_settings_of_the_testbed(services):
+    """Every internal topic (offsets, transactions, share groups) can be created on one
+    node: the replication factor and min ISR testbed/kafka.py sets, in the apache/kafka
+    image's environment form (KAFKA_ + the key upper-cased, dots as underscores)."""
+    keys = set(re.findall(r'"([a-z.]+\.(?:replication\.factor|min\.isr))"',
+                          (ROOT / "testbed" / "kafka.py").read_text()))
+    assert "share.coordinator.state.topic.replication.factor" in keys
+    env = _env(services["kafka"])
+    for key in sorted(keys):
+        variable = "KAFKA_" + key.upper().replace(".", "_")
+        assert env.get(variable) == "1", f"{variable} (the broker's {key}) must be 1 on one node"
+
+
+def test_the_pipeline_container_runs_an_init(services):
+    """Spark starts a JVM and Python workers: an init reaps them and forwards SIGTERM."""
+    assert services["pipeline"].get("init") is True
 
 
 def test_the_proxy_healthcheck_detects_a_closed_bootstrap_port(tmp_path):
@@ -306,17 +377,45 @@ def test_the_proxy_healthcheck_detects_a_closed_bootstrap_port(tmp_path):
     assert subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=30).returncode != 0
 
 
-def _compose_plugin() -> bool:
-    docker = shutil.which("docker")
-    if docker is None:
-        return False
-    result = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30)
-    return result.returncode == 0
+# --------------------------------------------------------------------------- the Compose Specification
+
+COMPOSE_SCHEMA = "vendor.compose-spec"
 
 
-def test_docker_compose_config_accepts_the_file():
-    if not _compose_plugin():
-        pytest.skip("no docker compose plugin on this machine")
-    result = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "-q"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+def _check_compose_schema(path: Path) -> subprocess.CompletedProcess:
+    """check-jsonschema with its vendored Compose Specification schema: no network."""
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", COMPOSE_SCHEMA, str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_the_compose_schema_is_the_vendored_compose_specification():
+    schema = json.loads((files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
+    assert schema["title"] == "Compose Specification"
+    assert "services" in schema["properties"]
+    assert schema.get("additionalProperties") is False  # unknown top-level keys are errors
+
+
+def test_docker_compose_yml_follows_the_compose_specification():
+    result = _check_compose_schema(COMPOSE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("broken", "old", "new", "reported"), [
+    ("an unknown top-level key", "\nservices:\n", "\nservicez:\n", "'servicez'"),
+    ("ports not a list", '    ports:\n      - "127.0.0.1:9192:9192"  # proxy.bootstrap.port\n'
+                         '      - "127.0.0.1:9194:9194"  # proxy.broker.port.base + node id 1\n',
+     '    ports: "x"\n', "$.services.proxy.ports"),
+    ("an unknown service key", "    restart: unless-stopped\n", "    restrat: unless-stopped\n", "'restrat'"),
+])
+def test_the_schema_check_rejects_a_broken_compose_file(tmp_path, broken, old, new, reported):
+    text = COMPOSE.read_text()
+    assert old in text, f"cannot make {broken}: {old!r} is not in {COMPOSE.name}"
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(text.replace(old, new, 1))
+    assert yaml.safe_load(bad.read_text())  # still YAML: only the schema can reject it
+    result = _check_compose_schema(bad)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, f"{broken} accepted:\n{output}"
+    assert "Schema validation errors" in output and reported in output, output
