@@ -26,7 +26,15 @@ from protocol.requests import (
 from .connection import AuthenticationError, KafkaConnection
 from .security import PLAINTEXT, Security, security
 
-__all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "ListedOffset", "PartitionInfo", "TopicInfo"]
+__all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "check_login", "ListedOffset", "PartitionInfo", "TopicInfo"]
+
+
+async def check_login(config: Mapping[str, Any], *, client_id: str = "tierproxy") -> None:
+    """One Metadata round trip to a bootstrap broker as configured, before a command
+    starts its real work: raises AuthenticationError (credentials, certificates) or
+    KafkaConnectionError (unreachable), each naming what to fix."""
+    async with Cluster.from_config(config, client_id=client_id) as cluster:
+        await cluster.topics([])
 
 
 class ClusterError(RuntimeError):

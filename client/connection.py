@@ -91,7 +91,8 @@ class KafkaConnection:
         self._in_flight: collections.deque[tuple[int, int, int, asyncio.Future]] = collections.deque()
         self._closed_reason: BaseException | None = None
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
-        self.peer = writer.get_extra_info("peername")
+        peer = writer.get_extra_info("peername")  # (host, port), or None once TLS has failed
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "broker"
         # api key -> (min version, max version) the broker accepts; empty until negotiated.
         self.api_versions: dict[int, tuple[int, int]] = {}
 
@@ -184,7 +185,10 @@ class KafkaConnection:
         future = asyncio.get_running_loop().create_future()
         self._in_flight.append((correlation_id, payload.__api_key__, payload.__version__, future))
         self._writer.writelines(encode_frame(encode_request(payload, correlation_id, self._client_id)))
-        await self._writer.drain()
+        try:
+            await self._writer.drain()
+        except OSError as e:  # the future then fails with this cause, like every pending one
+            self._fail_pending(e)
         return await asyncio.wait_for(future, timeout)
 
     async def _read_loop(self) -> None:

@@ -3,8 +3,8 @@
 `ScramSaslServer` expect them.
 
 Each mechanism is a small state machine: `first()` gives the first client message,
-`respond(challenge)` the next one, and `finish(challenge)` checks the server's last
-word. The connection carries the bytes in SaslAuthenticate requests (KIP-152).
+`respond(challenge)` the next one (None once the client has nothing more to say), and
+`finish(challenge)` checks the server's last word. The connection carries the bytes in SaslAuthenticate requests (KIP-152).
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class Scram:
     def first(self) -> bytes:
         return ("n,," + self._client_first_bare).encode()
 
-    def respond(self, challenge: bytes) -> bytes:
+    def respond(self, challenge: bytes) -> bytes | None:
+        if self._server_signature is not None:
+            return None  # the server-final message: `finish` checks it
         server_first = challenge.decode()
         attributes = _attributes(challenge)
         if "e" in attributes:

@@ -1,6 +1,7 @@
 """Run the testbed outside of tests (demo, benchmarks).
 
     python -m testbed up [--brokers N] [--s3] [-c key=value ...] [--state PATH]
+                         [--secure [--user NAME=PASSWORD ...]]
     python -m testbed status [--state PATH]
     python -m testbed down [--state PATH]
 
@@ -10,16 +11,26 @@ and prints it. Server files live in ``<state file without .json>.d/``.
 ``status`` prints the state with, per process, whether it runs and answers
 (ApiVersions for brokers, HTTP for S3); exit status 1 if anything is down.
 ``down`` stops every recorded process by pid and removes the state and files.
+
+``up --secure`` starts the secured cluster (SASL_SSL on the bootstrap port,
+an MTLS listener, a fresh CA; see ``testbed.kafka``) with ``admin`` and the
+``--user`` users. The state then also holds the users, the PEM files, and
+tierproxy's configuration to reach the cluster over SASL (as admin) and over
+mutual TLS, both also written as ``.properties`` files to pass to tierproxy.
+``status`` probes such brokers on their PLAINTEXT internal port.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+import javaproperties
 
 from testbed import jars, probe
 from testbed.kafka import KafkaCluster
@@ -66,11 +77,15 @@ def up(args: argparse.Namespace) -> int:
         shutil.rmtree(_run_dir(state_path), ignore_errors=True)  # left by a crashed run
     broker_config = dict(item.split("=", 1) for item in args.broker_config)
     run_dir = _run_dir(state_path)
+    secure: dict[str, Any] = {}
+    if args.secure:
+        secure = {"secure": True, "users": dict(item.split("=", 1) for item in args.user)}
     cluster = KafkaCluster(args.brokers, broker_config=broker_config,
-                           workdir=run_dir / "kafka", detached=True)
+                           workdir=run_dir / "kafka", detached=True, **secure)
     cluster.start()
     s3 = None
     try:
+        secure_state = _secure_state(cluster, run_dir) if cluster.secure else {}
         if args.s3:
             s3 = S3Server(workdir=run_dir / "s3", detached=True).start()
     except BaseException:
@@ -84,9 +99,11 @@ def up(args: argparse.Namespace) -> int:
             "bootstrap_servers": cluster.bootstrap_servers,
             "brokers": [
                 {"node_id": node_id, "host": host, "port": port,
-                 "pid": cluster.pids[node_id], "log_dir": str(cluster.log_dirs[node_id])}
+                 "pid": cluster.pids[node_id], "log_dir": str(cluster.log_dirs[node_id]),
+                 **_secure_ports(cluster, node_id)}
                 for node_id, host, port in cluster.brokers
             ],
+            **secure_state,
         },
         "s3": None if s3 is None else {
             "endpoint_url": s3.endpoint_url, "port": s3.port, "bucket": s3.bucket,
@@ -102,6 +119,33 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secure_ports(cluster: KafkaCluster, node_id: int) -> dict[str, int]:
+    if not cluster.secure:
+        return {}
+    ports = cluster.listener_ports[node_id]
+    return {"internal_port": ports["INTERNAL"], "mtls_port": ports["MTLS"]}
+
+
+def _secure_state(cluster: KafkaCluster, run_dir: Path) -> dict[str, Any]:
+    """What a client of the secured cluster needs, and tierproxy's settings as files."""
+    tierproxy = {"sasl": cluster.tierproxy_properties(), "mtls": cluster.tierproxy_properties(mtls=True)}
+    files = {}
+    for name, props in tierproxy.items():
+        path = run_dir / f"tierproxy-{name}.properties"
+        with open(path, "w", encoding="utf-8") as f:
+            javaproperties.dump(props, f, timestamp=False)
+        files[name] = str(path)
+    return {
+        "security_protocol": cluster.client_security_protocol,
+        "sasl_mechanisms": list(cluster.sasl_mechanisms),
+        "users": cluster.sasl_plain_users,
+        "mtls_bootstrap_servers": cluster.mtls_bootstrap_servers,
+        "tls": {k: str(v) for k, v in dataclasses.asdict(cluster.tls).items()},
+        "tierproxy_properties": tierproxy,
+        "tierproxy_properties_files": files,
+    }
+
+
 def status(args: argparse.Namespace) -> int:
     state = _read_state(args.state)
     if state is None:
@@ -110,7 +154,9 @@ def status(args: argparse.Namespace) -> int:
     healthy = True
     for broker in state["kafka"]["brokers"]:
         broker["alive"] = _ours(broker["pid"], "kafka.Kafka")
-        broker["answers_api_versions"] = probe.answers(broker["host"], broker["port"])
+        # A secured broker's bootstrap port wants TLS; its INTERNAL listener is plaintext.
+        port = broker.get("internal_port", broker["port"])
+        broker["answers_api_versions"] = probe.answers(broker["host"], port)
         healthy &= broker["alive"] and broker["answers_api_versions"]
     if state.get("s3"):
         s3 = state["s3"]
@@ -153,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--s3", action="store_true", help="also start moto's S3 server")
     start.add_argument("-c", "--broker-config", action="append", default=[],
                        metavar="KEY=VALUE", help="broker setting, repeatable")
+    start.add_argument("--secure", action="store_true",
+                       help="SASL_SSL (SCRAM, PLAIN) and mutual TLS listeners, a fresh CA")
+    start.add_argument("--user", action="append", default=[], metavar="NAME=PASSWORD",
+                       help="a SASL user besides admin (with --secure), repeatable")
     commands.add_parser("status", help="show the state and whether it is healthy")
     commands.add_parser("down", help="stop everything and remove the state")
     commands.add_parser("jars", help="resolve the Kafka jars from Maven Central into the cache")
@@ -164,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     for item in getattr(args, "broker_config", []):
         if "=" not in item:
             parser.error(f"--broker-config wants KEY=VALUE, got {item!r}")
+    for item in getattr(args, "user", []):
+        if "=" not in item:
+            parser.error(f"--user wants NAME=PASSWORD, got {item!r}")
+    if getattr(args, "user", []) and not args.secure:
+        parser.error("--user needs --secure")
     return {"up": up, "status": status, "down": down, "jars": resolve_jars}[args.command](args)
 
 

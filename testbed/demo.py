@@ -9,7 +9,12 @@
 6. print how many records came from the remote tier and how many from the broker,
    check every produced record arrived exactly once, and stop everything.
 
-    python -m testbed.demo [--records N] [--keep DIR]
+With `--secure` nothing is plaintext: the broker's client listener is SASL_SSL (a CA
+of the testbed's own), tierproxy logs in with SCRAM-SHA-512, segment metadata goes to
+the `__remote_log_metadata` topic, the proxy's listener speaks TLS, and the consumer
+logs in through the proxy with SCRAM-SHA-256.
+
+    python -m testbed.demo [--records N] [--keep DIR] [--secure]
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import javaproperties
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from client.security import aiokafka_options
+from config import Config, parse
 from testbed.kafka import KafkaCluster
 from testbed.ports import free_ports
 
@@ -36,13 +44,13 @@ TOPIC = "orders"
 PARTITIONS = 3
 
 
-def _properties(path: Path, bootstrap: str, work: Path, proxy_port: int, node_base: int) -> None:
+def _properties(path: Path, work: Path, proxy_port: int, node_base: int, security: dict[str, str],
+                metadata_backend: str) -> None:
     path.write_text(
         f"""# tierproxy demo: one file for the pipeline and the proxy
-bootstrap.servers={bootstrap}
 remote.log.storage.backend=local
 remote.log.storage.local.dir={work / "remote"}
-remote.log.metadata.backend=file
+remote.log.metadata.backend={metadata_backend}
 remote.log.metadata.dir={work / "metadata"}
 spark.master=local[2]
 # Tier `orders`: 64 KiB remote segments, the newest shipped once it is 2 s old,
@@ -56,13 +64,22 @@ proxy.listener.host=127.0.0.1
 proxy.bootstrap.port={proxy_port}
 proxy.broker.port.base={node_base}
 metrics.port=0
+# The cluster, and how tierproxy reaches it
 """
     )
+    with open(path, "a", encoding="utf-8") as f:
+        javaproperties.dump(security, f, timestamp=False)
 
 
-async def _produce(bootstrap: str, start: int, count: int) -> dict[tuple[int, int], bytes]:
+def _client(bootstrap: str, security: dict[str, str]) -> dict:
+    """aiokafka keyword arguments for `bootstrap` with the demo's security."""
+    return {"bootstrap_servers": bootstrap,
+            **aiokafka_options(parse({**security, "bootstrap.servers": bootstrap}))}
+
+
+async def _produce(client: dict, start: int, count: int) -> dict[tuple[int, int], bytes]:
     """`count` orders; returns {(partition, offset): key}."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type="lz4", linger_ms=10)
+    producer = AIOKafkaProducer(**client, compression_type="lz4", linger_ms=10)
     await producer.start()
     try:
         futures = []
@@ -79,9 +96,9 @@ async def _produce(bootstrap: str, start: int, count: int) -> dict[tuple[int, in
         await producer.stop()
 
 
-async def _consume(bootstrap: str, expected: int) -> dict[tuple[int, int], bytes]:
+async def _consume(client: dict, expected: int) -> dict[tuple[int, int], bytes]:
     """Everything from offset 0 through the proxy: {(partition, offset): key}."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(**client, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
@@ -120,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=30_000, help="orders produced before tiering")
     parser.add_argument("--keep", type=Path, default=None, help="keep the remote store and logs in DIR")
+    parser.add_argument("--secure", action="store_true",
+                        help="SASL_SSL and TLS everywhere, SCRAM logins, the metadata topic backend")
     args = parser.parse_args(argv)
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="tierproxy-demo-"))
@@ -127,15 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
     proxy: subprocess.Popen | None = None
     try:
-        with KafkaCluster(1, workdir=work / "kafka") as kafka:
-            print(f"[demo] Kafka {kafka.bootstrap_servers} (KRaft, testbed)", flush=True)
+        with KafkaCluster(1, workdir=work / "kafka", secure=args.secure) as kafka:
+            print(f"[demo] Kafka {kafka.bootstrap_servers} (KRaft, testbed"
+                  f"{', SASL_SSL' if args.secure else ''})", flush=True)
             # The broker must not delete tiered data on its own: retention.ms=-1.
             kafka.create_topic(TOPIC, partitions=PARTITIONS, config={"retention.ms": "-1"})
             proxy_port, node_base = free_ports(2)
             config = work / "tierproxy.properties"
-            _properties(config, kafka.bootstrap_servers, work, proxy_port, node_base)
+            proxy_address = f"127.0.0.1:{proxy_port}"
+            if args.secure:
+                tierproxy = kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
+                # The consumer logs in itself, through the proxy, with SCRAM-SHA-256.
+                consumer = {**kafka.tierproxy_properties(mechanism="SCRAM-SHA-256"), "bootstrap.servers": proxy_address}
+                _properties(config, work, proxy_port, node_base, {
+                    **tierproxy, "proxy.ssl.certificate.location": str(kafka.tls.broker_cert),
+                    "proxy.ssl.key.location": str(kafka.tls.broker_key)}, "topic")
+            else:
+                tierproxy = {"bootstrap.servers": kafka.bootstrap_servers}
+                consumer = {"bootstrap.servers": proxy_address}
+                _properties(config, work, proxy_port, node_base, tierproxy, "file")
+            to_broker = _client(kafka.bootstrap_servers, tierproxy)
 
-            produced = asyncio.run(_produce(kafka.bootstrap_servers, 0, args.records))
+            produced = asyncio.run(_produce(to_broker, 0, args.records))
             print(f"[demo] produced {len(produced)} orders", flush=True)
 
             print("[demo] tierproxy tier (Spark local mode): copy to remote segments, then trim the broker",
@@ -146,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[demo] tierproxy tier failed with exit status {tier.returncode}", file=sys.stderr)
                 return 1
 
-            more = asyncio.run(_produce(kafka.bootstrap_servers, args.records, args.records // 3))
+            more = asyncio.run(_produce(to_broker, args.records, args.records // 3))
             produced.update(more)
             print(f"[demo] produced {len(more)} more orders (these stay on the broker)", flush=True)
 
@@ -157,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[demo] tierproxy serve on 127.0.0.1:{proxy_port}; consuming {TOPIC} from offset 0 through it",
                   flush=True)
 
-            consumed = asyncio.run(_consume(f"127.0.0.1:{proxy_port}", len(produced)))
-            local_start = asyncio.run(_local_log_start(kafka.bootstrap_servers))
+            consumed = asyncio.run(_consume(_client(proxy_address, consumer), len(produced)))
+            local_start = asyncio.run(_local_log_start(parse(tierproxy)))
             remote = sum(1 for (p, o) in consumed if o < local_start[p])
             broker = len(consumed) - remote
             exact = consumed == produced
@@ -167,27 +199,34 @@ def main(argv: list[str] | None = None) -> int:
             print("[demo] local log start per partition (the broker no longer has what is below): "
                   + ", ".join(f"{TOPIC}-{p}: {o}" for p, o in sorted(local_start.items())), flush=True)
             print(f"[demo] every produced record exactly once: {'yes' if exact else 'NO'}", flush=True)
+            # The proxy stops first, while the broker it reads metadata from is still up.
+            _stop(proxy)
             if not exact or remote == 0 or broker == 0:
                 return 1
             return 0
     finally:
-        if proxy is not None and proxy.poll() is None:
-            proxy.send_signal(signal.SIGTERM)
-            try:
-                proxy.wait(30)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
+        _stop(proxy)
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"[demo] kept {work}", flush=True)
 
 
-async def _local_log_start(bootstrap: str) -> dict[int, int]:
+def _stop(proxy: subprocess.Popen | None) -> None:
+    if proxy is not None and proxy.poll() is None:
+        proxy.send_signal(signal.SIGTERM)
+        try:
+            proxy.wait(30)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait()
+
+
+async def _local_log_start(config: Config) -> dict[int, int]:
     from client.cluster import Cluster
     from protocol.apis import OffsetSpec
 
-    async with Cluster([bootstrap]) as cluster:
+    async with Cluster.from_config(config) as cluster:
         topics = await cluster.topics([TOPIC])
         offsets = await cluster.list_offsets(topics, [(TOPIC, p) for p in range(PARTITIONS)], OffsetSpec.EARLIEST)
     return {p: offsets[(TOPIC, p)].offset for p in range(PARTITIONS)}

@@ -8,9 +8,13 @@ Enable with ``pytest_plugins = ["testbed.fixtures"]`` in the top-level conftest.
   setting: ``topic(config={"internal.segment.bytes": 16384})`` (Kafka's
   test-only topic config, without the 1 MiB floor of ``segment.bytes``).
 - ``kafka_cluster_3``: three nodes, started only if a test asks for it.
+- ``secure_kafka``: one node with ``secure=True`` (SASL_SSL with SCRAM-SHA-256,
+  SCRAM-SHA-512 and PLAIN; an MTLS listener), started only if a test asks for
+  it. Users ``SECURE_USERS`` (alice, bob) have no ACLs; tests add what they need.
 - ``bootstrap_servers``: ``kafka_cluster.bootstrap_servers``.
 - ``topic``: a factory, ``topic(partitions=1, config=None, replication=1) -> name``;
   each topic is uniquely named and deleted after the test.
+- ``secure_topic``: the same factory on ``secure_kafka`` (created as admin).
 - ``s3_server``: moto's S3 server with the bucket created, for the whole run.
   A test that stops or restarts it must leave it running, bucket included.
 
@@ -33,7 +37,10 @@ from testbed.s3 import S3Server
 SEGMENT_BYTES_ENV = "TIERPROXY_TEST_LOG_SEGMENT_BYTES"
 DEFAULT_SEGMENT_BYTES = 1024 * 1024
 
-_BROKER_FIXTURES = {"kafka_cluster", "kafka_cluster_3", "bootstrap_servers", "topic"}
+SECURE_USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+
+_BROKER_FIXTURES = {"kafka_cluster", "kafka_cluster_3", "bootstrap_servers", "topic",
+                    "secure_kafka", "secure_topic"}
 _S3_FIXTURES = {"s3_server"}
 
 
@@ -59,6 +66,13 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
 @pytest.fixture(scope="session")
 def kafka_cluster_3() -> Iterator[KafkaCluster]:
     with KafkaCluster(3, broker_config=_test_broker_config()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def secure_kafka() -> Iterator[KafkaCluster]:
+    with KafkaCluster(1, broker_config=_test_broker_config(), secure=True,
+                      users=SECURE_USERS) as cluster:
         yield cluster
 
 
@@ -106,5 +120,12 @@ class Topics:
 @pytest.fixture
 def topic(kafka_cluster: KafkaCluster, request: pytest.FixtureRequest) -> Iterator[Topics]:
     topics = Topics(kafka_cluster, request.node.name)
+    yield topics
+    topics.delete_all()
+
+
+@pytest.fixture
+def secure_topic(secure_kafka: KafkaCluster, request: pytest.FixtureRequest) -> Iterator[Topics]:
+    topics = Topics(secure_kafka, request.node.name)
     yield topics
     topics.delete_all()

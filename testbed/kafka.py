@@ -6,16 +6,27 @@ controller quorum (``controller.quorum.voters``) spans all nodes. Node ids are
 
 - ``CLIENT``: what ``bootstrap_servers`` names and what Metadata returns.
   PLAINTEXT, or SASL_PLAINTEXT with the PLAIN mechanism when
-  ``sasl_plain_users`` is given.
+  ``sasl_plain_users`` is given, or SASL_SSL with SCRAM-SHA-256,
+  SCRAM-SHA-512 and PLAIN when ``secure=True`` (``users``).
 - ``INTERNAL``: PLAINTEXT, replication between brokers.
 - ``CONTROLLER``: PLAINTEXT, the KRaft quorum.
+- ``MTLS`` (``secure=True`` only): SSL with ``ssl.client.auth=required``;
+  ``ssl.principal.mapping.rules`` turns the certificate's ``CN=tierproxy``
+  into ``User:tierproxy``. ``mtls_bootstrap_servers`` names it.
 
 With SASL the cluster also runs ``StandardAuthorizer`` with
-``super.users=User:admin;User:ANONYMOUS``: ``admin`` (added with password
-``admin-secret`` unless given) may do anything, any other user needs ACLs,
-and ANONYMOUS is the principal of the PLAINTEXT internal and controller
-listeners, so brokers and controllers may talk to each other. Clients get only
-the CLIENT address.
+``super.users=User:admin;User:ANONYMOUS`` (and ``User:tierproxy`` when
+secure): ``admin`` (added with password ``admin-secret`` unless given) may do
+anything, any other user needs ACLs, and ANONYMOUS is the principal of the
+PLAINTEXT internal and controller listeners, so brokers and controllers may
+talk to each other. Metadata answers with the listener the request came in
+on, so clients see only CLIENT (or only MTLS) addresses.
+
+Secured, the testbed makes a fresh CA at start (``testbed.tls``; the PEM
+files are in ``workdir/tls``, paths in ``tls``). SCRAM credentials exist for
+every user from the start: ``kafka-storage format --add-scram`` writes them
+into the bootstrap metadata. ``client_config``, ``client_properties`` and
+``tierproxy_properties`` give librdkafka, Java and tierproxy what they need.
 
 Files live in ``workdir`` (a temporary directory removed by ``stop()`` unless
 one is given): ``node-<id>/server.properties``, ``node-<id>/data`` (the log
@@ -41,6 +52,7 @@ import javaproperties
 from testbed import jars, probe
 from testbed.ports import LOOPBACK, free_ports
 from testbed.processes import log_tail, spawn, stop_pids
+from testbed.tls import CLIENT_COMMON_NAME, TlsFiles, write_tls_files
 
 DEFAULT_JVM_OPTIONS: tuple[str, ...] = (
     # Three brokers must fit on a small machine next to the tests.
@@ -57,6 +69,15 @@ STOP_TIMEOUT_S = 15.0
 TOOL_TIMEOUT_S = 60.0
 ADMIN_USER = "admin"
 ADMIN_DEFAULT_PASSWORD = "admin-secret"
+SCRAM_MECHANISMS: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SECURE_MECHANISMS: tuple[str, ...] = (*SCRAM_MECHANISMS, "PLAIN")
+# CN=tierproxy,O=... (RFC 2253, as Kafka prints a certificate's subject) -> tierproxy
+PRINCIPAL_MAPPING_RULES = "RULE:^CN=([^,]+).*$/$1/,DEFAULT"
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
 
 _BROKER_LOG4J2 = """\
 status = warn
@@ -107,12 +128,14 @@ def _random_cluster_id() -> str:
 
 class _Node:
     def __init__(self, node_id: int, home: Path, client_port: int,
-                 internal_port: int, controller_port: int) -> None:
+                 internal_port: int, controller_port: int,
+                 mtls_port: int | None = None) -> None:
         self.node_id = node_id
         self.home = home
         self.client_port = client_port
         self.internal_port = internal_port
         self.controller_port = controller_port
+        self.mtls_port = mtls_port
         self.process: subprocess.Popen | None = None
 
     @property
@@ -133,7 +156,12 @@ class _Node:
 
 
 class KafkaCluster:
-    """``brokers`` KRaft nodes; ``broker_config`` overrides any default below."""
+    """``brokers`` KRaft nodes; ``broker_config`` overrides any default below.
+
+    ``sasl_plain_users`` (SASL_PLAINTEXT, PLAIN) and ``secure=True`` with
+    ``users`` (SASL_SSL and MTLS) exclude each other; both map user names to
+    passwords and add ``admin``.
+    """
 
     def __init__(
         self,
@@ -142,6 +170,8 @@ class KafkaCluster:
         broker_config: Mapping[str, Any] | None = None,
         workdir: Path | None = None,
         sasl_plain_users: Mapping[str, str] | None = None,
+        secure: bool = False,
+        users: Mapping[str, str] | None = None,
         version: str = jars.KAFKA_VERSION,
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         start_timeout: float = START_TIMEOUT_S,
@@ -153,12 +183,21 @@ class KafkaCluster:
         self._overrides = {k: str(v) for k, v in (broker_config or {}).items()}
         self._given_workdir = Path(workdir) if workdir is not None else None
         self._workdir: Path | None = self._given_workdir
+        if secure and sasl_plain_users is not None:
+            raise ValueError("secure=True takes its SASL users as users=, not sasl_plain_users=")
+        if users is not None and not secure:
+            raise ValueError("users= needs secure=True (sasl_plain_users= for SASL_PLAINTEXT)")
+        self.secure = secure
         self._sasl_users: dict[str, str] | None = None
-        if sasl_plain_users is not None:
-            self._sasl_users = {ADMIN_USER: ADMIN_DEFAULT_PASSWORD, **sasl_plain_users}
+        given = users if secure else sasl_plain_users
+        if secure or given is not None:
+            self._sasl_users = {ADMIN_USER: ADMIN_DEFAULT_PASSWORD, **(given or {})}
             for user, password in self._sasl_users.items():
-                if any(c in user + password for c in '"\\;='):
-                    raise ValueError(f"SASL user {user!r}: no quotes, backslashes, ';' or '='")
+                # They go unescaped into JAAS options and --add-scram's [name=..,password=..].
+                if not user or any(c in user + password for c in '"\\;=,[]'):
+                    raise ValueError(f"SASL user {user!r}: not empty, no quotes, backslashes, "
+                                     "';', '=', ',' or brackets")
+        self._tls: TlsFiles | None = None
         self.version = version
         self._jvm_options = tuple(jvm_options)
         self._start_timeout = start_timeout
@@ -198,36 +237,124 @@ class KafkaCluster:
         return {n.node_id: n.process.pid for n in self._nodes if n.process is not None}
 
     @property
+    def listener_ports(self) -> dict[int, dict[str, int]]:
+        """Port by listener name (CLIENT, INTERNAL, CONTROLLER, MTLS) for every node."""
+        self._require_started()
+        return {n.node_id: {"CLIENT": n.client_port, "INTERNAL": n.internal_port,
+                            "CONTROLLER": n.controller_port,
+                            **({"MTLS": n.mtls_port} if n.mtls_port is not None else {})}
+                for n in self._nodes}
+
+    @property
+    def mtls_bootstrap_servers(self) -> str:
+        """The MTLS listener of every node (``secure=True``)."""
+        self._require_secure()
+        return ",".join(f"{LOOPBACK}:{n.mtls_port}" for n in self._nodes)
+
+    @property
     def sasl_plain_users(self) -> dict[str, str] | None:
+        """Every SASL user and password (PLAIN works in both SASL modes), admin included."""
         return dict(self._sasl_users) if self._sasl_users is not None else None
 
-    def client_config(self, user: str = ADMIN_USER) -> dict[str, str]:
-        """librdkafka (confluent_kafka) settings to reach the CLIENT listener as ``user``."""
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        """What the CLIENT listener accepts; the first is the helpers' default."""
+        if self.secure:
+            return SECURE_MECHANISMS
+        return ("PLAIN",) if self._sasl_users is not None else ()
+
+    @property
+    def tls(self) -> TlsFiles:
+        """The CA, broker and client PEM files (``secure=True``)."""
+        self._require_secure()
+        assert self._tls is not None
+        return self._tls
+
+    @property
+    def client_security_protocol(self) -> str:
+        if self.secure:
+            return "SASL_SSL"
+        return "SASL_PLAINTEXT" if self._sasl_users is not None else "PLAINTEXT"
+
+    def client_config(self, user: str = ADMIN_USER, mechanism: str | None = None) -> dict[str, str]:
+        """librdkafka (confluent_kafka) settings to reach the CLIENT listener as ``user``.
+
+        ``mechanism`` defaults to the first of ``sasl_mechanisms``
+        (SCRAM-SHA-256 when secure, PLAIN with ``sasl_plain_users``).
+        """
         config = {"bootstrap.servers": self.bootstrap_servers}
         if self._sasl_users is not None:
             config.update({
-                "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "PLAIN",
+                "security.protocol": self.client_security_protocol,
+                "sasl.mechanism": self._mechanism(mechanism),
                 "sasl.username": user,
-                "sasl.password": self._sasl_users[user],
+                "sasl.password": self._password(user),
             })
+        if self.secure:
+            config["ssl.ca.location"] = str(self.tls.ca)
         return config
 
-    def client_properties(self, user: str = ADMIN_USER) -> Path:
+    def mtls_client_config(self) -> dict[str, str]:
+        """librdkafka settings to reach the MTLS listener with the client certificate."""
+        return {
+            "bootstrap.servers": self.mtls_bootstrap_servers,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.tls.ca),
+            "ssl.certificate.location": str(self.tls.client_cert),
+            "ssl.key.location": str(self.tls.client_key),
+        }
+
+    def client_properties(self, user: str = ADMIN_USER, mechanism: str | None = None) -> Path:
         """A Java client properties file for ``user`` (``--command-config`` of the tools)."""
         props: dict[str, str] = {"bootstrap.servers": self.bootstrap_servers}
+        name = f"client-{user}"
         if self._sasl_users is not None:
+            mechanism = self._mechanism(mechanism)
             props.update({
-                "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "PLAIN",
+                "security.protocol": self.client_security_protocol,
+                "sasl.mechanism": mechanism,
                 "sasl.jaas.config": (
-                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    f'username="{user}" password="{self._sasl_users[user]}";'
+                    f"{_LOGIN_MODULES[mechanism]} required "
+                    f'username="{user}" password="{self._password(user)}";'
                 ),
             })
-        path = self.workdir / f"client-{user}.properties"
+            if self.secure:
+                name += f"-{mechanism}"
+        if self.secure:
+            props.update({"ssl.truststore.type": "PEM",
+                          "ssl.truststore.location": str(self.tls.ca)})
+        path = self.workdir / f"{name}.properties"
         _write_properties(path, props)
         return path
+
+    def tierproxy_properties(self, user: str = ADMIN_USER, mechanism: str | None = None,
+                             mtls: bool = False) -> dict[str, str]:
+        """tierproxy's configuration keys for its own connections to this cluster.
+
+        The CLIENT listener as ``user``, or with ``mtls`` the MTLS listener as
+        the certificate's principal (``User:tierproxy``, a super user).
+        tierproxy reads librdkafka's spellings of these keys, so today this is
+        ``client_config`` or ``mtls_client_config``; it is its own method
+        because tierproxy's configuration is its own contract.
+        """
+        if mtls:
+            return self.mtls_client_config()
+        return self.client_config(user, mechanism)
+
+    def _mechanism(self, mechanism: str | None) -> str:
+        enabled = self.sasl_mechanisms
+        if mechanism is None:
+            return enabled[0]
+        if mechanism not in enabled:
+            raise ValueError(f"SASL mechanism {mechanism!r} is not enabled here: {enabled}")
+        return mechanism
+
+    def _password(self, user: str) -> str:
+        assert self._sasl_users is not None
+        try:
+            return self._sasl_users[user]
+        except KeyError:
+            raise ValueError(f"no SASL user {user!r}; users: {sorted(self._sasl_users)}") from None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -240,11 +367,14 @@ class KafkaCluster:
         else:
             self._workdir = self._given_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(3 * self._count)
+        per_node = 4 if self.secure else 3
+        ports = free_ports(per_node * self._count)
         self._nodes = [
-            _Node(i, self._workdir / f"node-{i}", *ports[3 * i:3 * i + 3])
+            _Node(i, self._workdir / f"node-{i}", *ports[per_node * i:per_node * (i + 1)])
             for i in range(self._count)
         ]
+        if self.secure:
+            self._tls = write_tls_files(self._workdir / "tls")
         (self._workdir / "log4j2.properties").write_text(_BROKER_LOG4J2)
         (self._workdir / "tools-log4j2.properties").write_text(_TOOLS_LOG4J2)
         if not self._detached:
@@ -299,29 +429,34 @@ class KafkaCluster:
         if not self._nodes:
             raise RuntimeError("cluster is not started")
 
+    def _require_secure(self) -> None:
+        if not self.secure:
+            raise RuntimeError("only a cluster started with secure=True has TLS and MTLS")
+        self._require_started()
+
     # -- configuration -----------------------------------------------------
 
     def _server_properties(self, node: _Node) -> dict[str, str]:
         n = self._count
         rf = str(min(3, n))
-        client_protocol = "SASL_PLAINTEXT" if self._sasl_users is not None else "PLAINTEXT"
         voters = ",".join(f"{m.node_id}@{LOOPBACK}:{m.controller_port}" for m in self._nodes)
+        protocols = {"CLIENT": self.client_security_protocol, "INTERNAL": "PLAINTEXT",
+                     "CONTROLLER": "PLAINTEXT"}
+        ports = {"CLIENT": node.client_port, "INTERNAL": node.internal_port,
+                 "CONTROLLER": node.controller_port}
+        if node.mtls_port is not None:
+            protocols["MTLS"] = "SSL"
+            ports["MTLS"] = node.mtls_port
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": (
-                f"CLIENT://{LOOPBACK}:{node.client_port},"
-                f"INTERNAL://{LOOPBACK}:{node.internal_port},"
-                f"CONTROLLER://{LOOPBACK}:{node.controller_port}"
-            ),
-            "advertised.listeners": (
-                f"CLIENT://{LOOPBACK}:{node.client_port},"
-                f"INTERNAL://{LOOPBACK}:{node.internal_port}"
-            ),
-            "listener.security.protocol.map": (
-                f"CLIENT:{client_protocol},INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
-            ),
+            "listeners": ",".join(f"{name}://{LOOPBACK}:{port}" for name, port in ports.items()),
+            "advertised.listeners": ",".join(
+                f"{name}://{LOOPBACK}:{port}" for name, port in ports.items()
+                if name != "CONTROLLER"),
+            "listener.security.protocol.map": ",".join(
+                f"{name}:{protocol}" for name, protocol in protocols.items()),
             "inter.broker.listener.name": "INTERNAL",
             "controller.listener.names": "CONTROLLER",
             "log.dirs": str(node.log_dir),
@@ -339,14 +474,30 @@ class KafkaCluster:
         }
         if self._sasl_users is not None:
             users = " ".join(f'user_{u}="{p}"' for u, p in self._sasl_users.items())
+            mechanisms = ",".join(self.sasl_mechanisms)
+            super_users = [ADMIN_USER, "ANONYMOUS"] + ([CLIENT_COMMON_NAME] if self.secure else [])
             props.update({
-                "sasl.enabled.mechanisms": "PLAIN",
-                "listener.name.client.sasl.enabled.mechanisms": "PLAIN",
+                "sasl.enabled.mechanisms": mechanisms,
+                "listener.name.client.sasl.enabled.mechanisms": mechanisms,
                 "listener.name.client.plain.sasl.jaas.config": (
-                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+                    f"{_LOGIN_MODULES['PLAIN']} required {users};"
                 ),
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                "super.users": f"User:{ADMIN_USER};User:ANONYMOUS",
+                "super.users": ";".join(f"User:{u}" for u in super_users),
+            })
+        if self.secure:
+            assert self._tls is not None
+            props.update({
+                # SCRAM's server side needs only the login module; the
+                # credentials are in the metadata log (see _format).
+                **{f"listener.name.client.{m.lower()}.sasl.jaas.config":
+                   f"{_LOGIN_MODULES[m]} required;" for m in SCRAM_MECHANISMS},
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self._tls.broker_keystore),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self._tls.ca),
+                "listener.name.mtls.ssl.client.auth": "required",
+                "ssl.principal.mapping.rules": PRINCIPAL_MAPPING_RULES,
             })
         props.update(self._overrides)
         return props
@@ -365,11 +516,17 @@ class KafkaCluster:
         """``kafka-storage format`` for every node, in parallel: each is a JVM start."""
         assert self._workdir is not None
         tools_log4j2 = self._workdir / "tools-log4j2.properties"
+        scram: list[str] = []
+        if self.secure:
+            assert self._sasl_users is not None
+            for user, password in self._sasl_users.items():
+                for mechanism in SCRAM_MECHANISMS:
+                    scram += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
         running = [
             (node, subprocess.Popen(
                 self._java_command("kafka.tools.StorageTool", "format",
                                    "--config", str(node.properties),
-                                   "--cluster-id", self.cluster_id,
+                                   "--cluster-id", self.cluster_id, *scram,
                                    log4j2=tools_log4j2, jvm_options=("-Xmx256m",)),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True,
@@ -410,13 +567,18 @@ class KafkaCluster:
             if time.monotonic() > deadline:
                 node = waiting[0]
                 raise KafkaStartError(self._startup_report(
-                    node, f"node {node.node_id} on {LOOPBACK}:{node.client_port} did not "
+                    node, f"node {node.node_id} on {LOOPBACK}:{self._probe_port(node)} did not "
                     f"answer ApiVersions, or not list all {self._count} nodes in Metadata, "
                     f"within {self._start_timeout:.0f} s"))
             time.sleep(0.1)
 
+    def _probe_port(self, node: _Node) -> int:
+        # The probe speaks plaintext; a secure CLIENT listener wants TLS first.
+        # All data-plane listeners start accepting together, so INTERNAL tells.
+        return node.internal_port if self.secure else node.client_port
+
     def _knows_everyone(self, node: _Node) -> bool:
-        if not probe.answers(LOOPBACK, node.client_port, timeout=1.0):
+        if not probe.answers(LOOPBACK, self._probe_port(node), timeout=1.0):
             return False
         if self._count == 1:
             return True

@@ -12,7 +12,12 @@ import argparse
 import logging
 import sys
 
+from aiokafka.errors import KafkaError
+
+from client.cluster import check_login
+from client.connection import AuthenticationError
 from config import ConfigError, load
+from storage.errors import RemoteLogMetadataError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,8 +33,17 @@ def run(args: argparse.Namespace) -> int:
     from proxy.serve import serve
 
     try:
+        # A refused login or an untrusted certificate stops start-up with the key to fix;
+        # a broker that is merely down is waited for by the clients, as without the proxy.
+        uvloop.run(check_login(config))
+    except AuthenticationError as e:
+        print(f"tierproxy serve: {e}", file=sys.stderr)
+        return 1
+    except ConnectionError as e:
+        logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
+    try:
         uvloop.run(serve(config))
-    except (ConfigError, OSError) as e:
+    except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return 1
     return 0

@@ -160,7 +160,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S) -> Repo
     wanted = [t.name for t in config.tiered_topics]
     async with AsyncExitStack() as stack:
         cluster = await stack.enter_async_context(Cluster.from_config(config, client_id="tierproxy-status"))
-        topics = await cluster.topics(wanted) if wanted else {}
+        topics = await cluster.topics(wanted)  # with no tiered topic, still a login check
         missing = [name for name in wanted if name not in topics]
         tps = [(name, p) for name in wanted if name in topics for p in sorted(topics[name].partitions)]
         if not tps:
@@ -229,7 +229,8 @@ def status(
         return EXIT_ERROR
     try:
         report = asyncio.run(collect(config, timeout=timeout))
-    except (OSError, ClusterError, KafkaError, MetadataNotReady, RemoteLogMetadataError, TimeoutError) as e:
+    except (OSError, ClusterError, ConfigError, KafkaError, MetadataNotReady, RemoteLogMetadataError,
+            TimeoutError) as e:
         print(f"tierproxy status: cannot read the offsets: {e}", file=err)
         return EXIT_ERROR
     if as_json:

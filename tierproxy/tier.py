@@ -7,11 +7,17 @@ Exit status: 0 when the (last) pass succeeded, 1 when it failed or reported erro
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import re
 import sys
 
+from aiokafka.errors import KafkaError
+
+from client.cluster import check_login
+from client.connection import AuthenticationError
 from config import ConfigError, load
+from storage.errors import RemoteLogMetadataError
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -29,14 +35,23 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    interval_ms = None
     try:
         config = load(args.config, args.override)
-        interval_ms = None
         if args.every is not None:
             interval_ms = parse_interval_ms(args.every) if args.every else config["remote.log.manager.task.interval.ms"]
+        # Certificate files, credentials and the login itself are checked before Spark starts.
+        asyncio.run(check_login(config))
     except ConfigError as e:
         print(f"tierproxy tier: {e}", file=sys.stderr)
         return 2
+    except ConnectionError as e:
+        # Refused credentials stop every mode; with --every, a broker that is down now
+        # is retried by the loop.
+        if interval_ms is None or isinstance(e, AuthenticationError):
+            print(f"tierproxy tier: {e}", file=sys.stderr)
+            return 1
+        logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
 
     from pipeline.spark import spark_session
     from pipeline.tier import PipelineBusy, run_every, run_pass
@@ -47,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
             return 1 if run_every(config, spark, interval_ms) else 0
         try:
             return 0 if run_pass(config, spark).ok else 1
-        except PipelineBusy as e:
+        except (PipelineBusy, ConnectionError, KafkaError, RemoteLogMetadataError) as e:
+            # The cluster or the metadata store cannot be reached as configured: the
+            # message names the broker and the key to fix; a traceback adds nothing.
             print(f"tierproxy tier: {e}", file=sys.stderr)
             return 1
     finally:

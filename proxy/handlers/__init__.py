@@ -25,6 +25,7 @@ what it returns once every older response of the connection went out.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from protocol.headers import RequestHeader
     from config import Config
     from proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
 
 __all__ = (
     "ConnectionContext",
@@ -154,6 +157,11 @@ class InterceptorRegistry:
     async def close(self) -> None:
         # One failing close must not keep the others open.
         results = await asyncio.gather(*(i.close() for i in self), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             raise errors[0]
+        # A client library cancelling its own tasks while it stops (aiokafka, with the
+        # broker already gone) is no failure of the proxy's shutdown.
+        for interceptor, result in zip(self, results):
+            if isinstance(result, asyncio.CancelledError):
+                log.warning("closing %r was cancelled inside; it is closed all the same", interceptor)

@@ -18,7 +18,9 @@ def test_scram_sha256_matches_rfc7677():
                           b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")
     assert final == (b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                      b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
-    scram.finish(b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
+    server_final = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    assert scram.respond(server_final) is None
+    scram.finish(server_final)
 
 
 def test_scram_rejects_a_server_that_does_not_know_the_password():

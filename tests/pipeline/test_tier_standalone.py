@@ -104,7 +104,7 @@ async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, 
 
     master_url, ui = standalone
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    entry = Path(__file__).resolve().parents[2] / "pipeline" / "submit.py"
+    entry = Path(__file__).resolve().parents[2] / "tierproxy" / "submit.py"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = await asyncio.to_thread(

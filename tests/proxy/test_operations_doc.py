@@ -9,8 +9,9 @@ from pathlib import Path
 
 import javaproperties
 
-from tierproxy.cli import build_parser
+from client.security import parse_jaas
 from config import parse
+from tierproxy.cli import build_parser
 from proxy.metrics import ProxyMetrics
 from proxy.remote_metrics import RemoteMetrics
 
@@ -39,16 +40,19 @@ def test_every_tierproxy_command_parses():
         assert args.command == command[1]
 
 
-def test_the_properties_snippet_is_valid():
-    (snippet,) = _blocks("properties")
-    properties = javaproperties.loads(textwrap.dedent(snippet))
+def test_the_properties_snippets_are_valid():
+    tiering, secured = _blocks("properties")
+    properties = javaproperties.loads(textwrap.dedent(tiering))
     config = parse({"bootstrap.servers": "broker:9092", **properties})
     assert [t.name for t in config.tiered_topics] == ["orders"]
+    properties = javaproperties.loads(textwrap.dedent(secured))
+    config = parse({"bootstrap.servers": "broker:9092", **properties})
+    assert parse_jaas(config["sasl.jaas.config"], config["sasl.mechanism"]).username == "tierproxy"
 
 
 def test_every_key_named_exists():
     config = parse({"bootstrap.servers": "broker:9092"})
-    for key in set(re.findall(r"`((?:remote|tiered|metrics|spark)\.[a-z.]+[a-z])`", DOC)):
+    for key in set(re.findall(r"`((?:remote|tiered|metrics|spark|security|sasl|ssl)\.[a-z.]+[a-z])`", DOC)):
         if key.startswith("remote.log.manager.task.retry.backoff") or key == "remote.storage.enable":
             continue
         assert key in config.values, key

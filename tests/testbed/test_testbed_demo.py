@@ -1,4 +1,5 @@
-"""`make demo` (the README's run command) works end to end: Kafka, tierproxy tier, serve."""
+"""`make demo` (the README's run command) works end to end: Kafka, tierproxy tier, serve;
+and `make demo-secure`, the same with SASL_SSL, SCRAM and TLS everywhere."""
 
 import os
 import re
@@ -9,9 +10,12 @@ import pytest
 
 
 @pytest.mark.timeout(600)
-def test_demo_reads_remote_and_local_records_through_the_proxy(tmp_path):
+@pytest.mark.parametrize("secure", [False, True], ids=["plaintext", "secure"])
+def test_demo_reads_remote_and_local_records_through_the_proxy(tmp_path, secure):
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    result = subprocess.run([sys.executable, "-m", "testbed.demo", "--records", "3000"], cwd=tmp_path, env=env,
+    keep = tmp_path / "kept"
+    command = [sys.executable, "-m", "testbed.demo", "--records", "3000", "--keep", str(keep)]
+    result = subprocess.run(command + (["--secure"] if secure else []), cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=540)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = re.search(r"consumed (\d+) records through the proxy: (\d+) from the remote tier, (\d+) from the broker",
@@ -19,3 +23,10 @@ def test_demo_reads_remote_and_local_records_through_the_proxy(tmp_path):
     assert found, result.stdout[-3000:]
     assert tuple(map(int, found.groups())) == (4000, 3000, 1000)
     assert "every produced record exactly once: yes" in result.stdout
+    assert "Traceback" not in (keep / "proxy.log").read_text()  # it stopped cleanly, too
+    properties = (keep / "tierproxy.properties").read_text()
+    if secure:
+        assert "security.protocol=SASL_SSL" in properties and "remote.log.metadata.backend=topic" in properties
+        assert "SASL_SSL" in result.stdout
+        # The secret is in the file, never in what the commands print.
+        assert "admin-secret" in properties and "admin-secret" not in result.stdout + result.stderr

@@ -20,11 +20,9 @@ from confluent_kafka import Producer
 
 from client.cluster import Cluster
 from config import load
-from client.connection import KafkaConnection
 from tierproxy.status import broken_invariants
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
-from storage.model import TopicIdPartition
-from tests.helpers.remote_tier import fetch_raw_log, tier_log, topic_id_of
+from tests.helpers.remote_tier import tier_from_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,14 +75,8 @@ def _open_transaction(bootstrap: str, topic: str, partition: int, count: int) ->
 
 async def _tier_prefix(bootstrap: str, topic: str, partition: int, end: int, rsm, rlmm, work_dir: Path):
     """Tier the batches below `end` (as the pipeline would), in two segments."""
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-    conn = await KafkaConnection.open(host, int(port))
-    try:
-        tp = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
-        log = await fetch_raw_log(conn, topic, partition, 0, end)
-    finally:
-        await conn.close()
-    return await tier_log(log, tp, rsm=rsm, rlmm=rlmm, work_dir=work_dir, cut_offsets=[end // 2])
+    return await tier_from_broker(bootstrap, topic, partition, end=end, rsm=rsm, rlmm=rlmm, work_dir=work_dir,
+                                  cut_offsets=[end // 2])
 
 
 def _write_properties(path: Path, bootstrap: str, tmp: Path, topics: list[str], **extra: str) -> Path:
