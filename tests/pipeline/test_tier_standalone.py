@@ -120,3 +120,41 @@ async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, 
     assert "tierproxy-spark-submit" in [app["name"] for app in state["completedapps"]]
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert segments and all(len(s) >= 1 for s in segments.values())
+
+
+async def test_tier_command_on_a_standalone_master_over_sasl_ssl(standalone, secure_kafka, secure_topic, tmp_path):
+    """The executors log in too: every copy task opens its own SASL_SSL connections."""
+    from confluent_kafka import Producer
+
+    name = secure_topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    # Batches below the topic's 64 KiB broker segments, which refuse a larger one.
+    producer = Producer({**secure_kafka.client_config(mechanism="SCRAM-SHA-512"), "linger.ms": 20,
+                         "batch.size": 16_384})
+    errors = []
+    for i in range(4_000):
+        producer.produce(name, key=b"%06d" % i, value=bytes(200), partition=i % 2,
+                         on_delivery=lambda error, _: error and errors.append(error))
+    assert producer.flush(30) == 0 and not errors, errors[:3]
+    security = secure_kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
+    config = tier_config(tmp_path, secure_kafka.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024},
+                         extra=security)
+    properties = tmp_path / "tier.properties"
+    with open(properties, "w", encoding="utf-8") as f:
+        javaproperties.dump(config.raw(), f)
+
+    master_url, ui = standalone
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
+         "--override", "spark.app.name=tierproxy-standalone-sasl-ssl"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert security["sasl.password"] not in done.stdout + done.stderr
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+        state = json.load(response)
+    assert "tierproxy-standalone-sasl-ssl" in [app["name"] for app in state["completedapps"]]
+    segments = await check_remote_log(config, name, tail_may_wait=True)
+    assert all(len(s) >= 2 for s in segments.values())

@@ -74,12 +74,13 @@ def tierproxy(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def produce(kafka: KafkaCluster, topic: str) -> list[tuple[int, bytes]]:
     producer = Producer({**kafka.client_config(mechanism="SCRAM-SHA-512"), "linger.ms": 20})
-    sent = []
+    sent, errors = [], []
     for i in range(RECORDS_PER_PARTITION * PARTITIONS):
         key = f"k{i:06d}".encode()
-        producer.produce(topic, key=key, value=key * 20, partition=i % PARTITIONS)
+        producer.produce(topic, key=key, value=key * 20, partition=i % PARTITIONS,
+                         on_delivery=lambda error, _: error and errors.append(error))
         sent.append((i % PARTITIONS, key))
-    assert producer.flush(30) == 0
+    assert producer.flush(30) == 0 and not errors, errors[:3]
     return sent
 
 
