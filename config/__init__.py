@@ -69,7 +69,7 @@ class OneOf:
             raise ValueError(f"must be one of {self}")
 
     def __str__(self) -> str:
-        return ", ".join(str(v) for v in self.values)
+        return ", ".join('""' if v == "" else str(v) for v in self.values)
 
 
 def _parse_bool(text: str) -> bool:

@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tierproxy",
         description="Tiered storage for any Kafka cluster, served by a Kafka-protocol proxy.",
+        epilog=_security_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tierproxy {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -28,6 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tier(commands)
     _add_loadtest(commands)
     return parser
+
+
+def _security_epilog() -> str:
+    """The security keys of the .properties file, from their declarations."""
+    from config import KEYS
+
+    keys = [key for key in KEYS.values() if key.group == "security"]
+    lines = ["Secured clusters: every command reaches the brokers as the --config file says, with",
+             "Kafka's client keys:"]
+    lines += [f"  {key.name:<40} {key.valid_values or key.type_name}" for key in keys]
+    lines.append("Every key and its meaning: tierproxy config docs")
+    return "\n".join(lines)
 
 
 # What each extra of pyproject.toml brings (module: distribution), for the subcommands

@@ -33,3 +33,12 @@ def test_console_script_is_installed():
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("tierproxy ")
+
+
+def test_help_lists_the_security_keys():
+    script = pathlib.Path(sys.executable).parent / "tierproxy"
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True).stdout
+    for key in ("security.protocol", "sasl.mechanism", "sasl.jaas.config", "ssl.truststore.location",
+                "ssl.keystore.location", "ssl.endpoint.identification.algorithm"):
+        assert key in out, key
+    assert "SCRAM-SHA-512" in out and "SASL_SSL" in out
