@@ -1,4 +1,4 @@
-"""The pipeline's view of the cluster, against the real broker."""
+"""tierproxy's own client against the real broker: the cluster queries, and ApiVersions."""
 
 from __future__ import annotations
 
@@ -44,3 +44,23 @@ async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
 
         with pytest.raises(ClusterError, match="DeleteRecords"):
             await cluster.delete_records(topics, {(name, 1): 1000})
+
+
+async def test_every_connection_negotiates_versions_and_refuses_what_the_broker_does_not_accept(kafka_cluster):
+    from client.connection import KafkaConnection, UnsupportedVersionError
+    from protocol.apis import ApiKey
+    from protocol.requests import delete_records_request, metadata_request
+
+    host, port = kafka_cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    async with await KafkaConnection.open(host, int(port)) as connection:
+        versions = connection.api_versions
+        assert versions[ApiKey.FETCH][1] >= 12 and versions[ApiKey.LIST_OFFSETS][1] >= 7
+        assert versions[ApiKey.METADATA][0] <= 12 <= versions[ApiKey.METADATA][1]
+        assert (await connection.request(metadata_request([]))).topics == ()
+        # A broker that accepts only Metadata v13 (as a future one might): refused before a byte is sent.
+        versions[ApiKey.METADATA] = (13, 13)
+        with pytest.raises(UnsupportedVersionError, match=r"accepts METADATA v13-v13; tierproxy sends v12"):
+            await connection.request(metadata_request([]))
+        del versions[ApiKey.DELETE_RECORDS]
+        with pytest.raises(UnsupportedVersionError, match="does not support DELETE_RECORDS"):
+            await connection.request(delete_records_request({"t": [(0, 1)]}, 1000))

@@ -163,3 +163,29 @@ async def test_topic_is_created_like_kafkas(bootstrap_servers, metadata_topic, t
     with pytest.raises(RemoteLogMetadataError, match="50 partitions"):
         await TopicRemoteLogMetadataManager(
             bootstrap_servers, directory=tmp_path / "x", topic=metadata_topic, num_partitions=3).start()
+
+
+async def test_a_read_only_instance_creates_nothing_and_writes_nothing(bootstrap_servers, metadata_topic, tmp_path):
+    """The proxy's and status's instances: no CreateTopics, no producer, no write."""
+    with pytest.raises(RemoteLogMetadataError, match="first `tierproxy tier` creates it"):
+        async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "r0", topic=metadata_topic,
+                                                 num_partitions=3, read_only=True):
+            pass
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        assert metadata_topic not in await admin.list_topics()
+    finally:
+        await admin.close()
+
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    kwargs = dict(topic=metadata_topic, num_partitions=3)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "w", **kwargs) as writer, \
+            TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "r", read_only=True,
+                                          **kwargs) as reader:
+        m = segment(tp, 0, 99)
+        await writer.add_remote_log_segment_metadata(m)
+        await until(lambda: reader.list_segments(tp) == [m])
+        assert reader._producer is None
+        with pytest.raises(RemoteLogMetadataError, match="read-only"):
+            await reader.add_remote_log_segment_metadata(segment(tp, 100, 199))
