@@ -37,6 +37,7 @@ import crc32c
 from cachetools import LRUCache
 
 from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from storage.files import TEMP_SUFFIX, write_atomically
 from storage.indexes import CorruptIndexError, OffsetIndex, TimeIndex, TransactionIndex
 from storage.model import IndexType, RemoteLogSegmentMetadata
 from storage.rsm import RemoteStorageManager, kafka_uuid
@@ -52,7 +53,6 @@ CACHED_TYPES = (IndexType.OFFSET, IndexType.TIMESTAMP, IndexType.TRANSACTION)
 ENTRY_OVERHEAD_BYTES = 128
 
 _FILE_NAME = re.compile(r"^(\d{20})_([A-Za-z0-9_-]{22})_([0-9a-f]{8})(\.index|\.timeindex|\.txnindex)$")
-_TEMP_SUFFIX = ".tmp"
 
 CacheKey = tuple[uuid.UUID, IndexType]
 
@@ -246,17 +246,8 @@ class RemoteIndexCache:
     def _write_sync(self, name: str, data: bytes) -> None:
         assert self.cache_dir is not None
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        target = self.cache_dir / name
-        temp = self.cache_dir / f".{name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}"
-        try:
-            with open(temp, "xb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+        # The disk copy is only a head start: no directory fsync.
+        write_atomically(self.cache_dir / name, data, sync_directory=False)
 
     def _remove_sync(self, name: str) -> None:
         assert self.cache_dir is not None
@@ -270,7 +261,7 @@ class RemoteIndexCache:
         for path in self.cache_dir.iterdir():
             match = _FILE_NAME.match(path.name)
             if match is None or not path.is_file():
-                if path.is_file() and (path.name.endswith(_TEMP_SUFFIX) or path.name.startswith(".")):
+                if path.is_file() and (path.name.endswith(TEMP_SUFFIX) or path.name.startswith(".")):
                     path.unlink(missing_ok=True)  # a write cut short by a crash
                 continue
             candidates.append((path.stat().st_mtime, path, match))

@@ -37,7 +37,6 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-import javaproperties
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -55,6 +54,7 @@ from pyspark.sql.types import (
 
 from protocol.records import BatchHeader, read_batch_header
 from config import Config, ConfigError, parse
+from config.properties import read_properties
 from storage.errors import RemoteResourceNotFound
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
@@ -214,14 +214,8 @@ def _timestamp(name: str, text: str | None) -> int | None:
 
 def read_config(options: Mapping[str, str]) -> Config:
     """The `config` file with every other non-source option on top, as configuration keys."""
-    properties: dict[str, str] = {}
     path = options.get("config")
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                properties = dict(javaproperties.load(f))
-        except OSError as e:
-            raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+    properties = read_properties(path) if path else {}
     properties.update({k: v for k, v in options.items() if k not in _OPTIONS})
     # Reading remote segments needs no broker, unless the metadata lives in a topic.
     properties.setdefault("bootstrap.servers", "")

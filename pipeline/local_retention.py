@@ -13,12 +13,8 @@ tierproxy settings), or the broker deletes data that was never copied. Data olde
 tierproxy's `retention.ms` leaves the broker through this module, which applies the smaller
 of `local.retention.ms` and `retention.ms` (Kafka refuses a local retention above the total).
 
-The rules are Kafka's (`UnifiedLog.deleteRetentionMsBreachedSegments` and
-`deleteRetentionSizeBreachedSegments`), with our remote segments as the unit of deletion:
-- time: a segment goes when its largest timestamp is older than now - local.retention.ms;
-- size: with `diff` = local size - local.retention.bytes, the oldest segments go while
-  each fits in what is left of `diff`, so the local log never drops below the limit;
-- each rule deletes a prefix of the log; a segment goes if either rule says so.
+The rules are Kafka's time and size rules (`retention_rule`), with local.retention.ms,
+local.retention.bytes and the local size, over our remote segments as the unit of deletion.
 
 Local size: the bytes of the finished remote segments from the segment holding the broker's
 log start onwards, counted whole as Kafka counts the segment holding its log start. The
@@ -40,9 +36,10 @@ from dataclasses import dataclass
 from protocol.apis import OffsetSpec
 from config import Config, TopicConfig
 from storage.metadata import RemoteLogMetadataManager
-from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from storage.model import RemoteLogSegmentMetadata, TopicIdPartition
 
 from client.cluster import Cluster, ListedOffset, TopicInfo
+from .retention_rule import finished_segments, retention_prefix
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +96,7 @@ def local_trim(
 
     `segments` may be in any state and order; only COPY_SEGMENT_FINISHED ones count.
     """
-    finished = sorted(
-        (s for s in segments if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED),
-        key=lambda s: (s.start_offset, s.end_offset),
-    )
+    finished = finished_segments(segments)
     # The finished segments holding the local log from its start on, without a gap:
     # the broker's log start may move only through them.
     covering: list[RemoteLogSegmentMetadata] = []
@@ -117,21 +111,9 @@ def local_trim(
     if not covering:
         return None
 
-    by_time = 0
-    if limits.retention_ms >= 0:
-        cutoff = now_ms - limits.retention_ms
-        while by_time < len(covering) and covering[by_time].max_timestamp_ms < cutoff:
-            by_time += 1
-    by_size = 0
-    if limits.retention_bytes >= 0:
-        diff = sum(s.segment_size_in_bytes for s in covering) - limits.retention_bytes
-        while by_size < len(covering) and diff - covering[by_size].segment_size_in_bytes >= 0:
-            diff -= covering[by_size].segment_size_in_bytes
-            by_size += 1
-    count = max(by_time, by_size)
+    count, reason = retention_prefix(covering, limits.retention_ms, limits.retention_bytes, now_ms)
     if count == 0:
         return None
-    reason = "+".join(name for name, n in (("time", by_time), ("size", by_size)) if n == count)
     return TrimDecision(covering[count - 1].end_offset + 1, tuple(covering[:count]), reason)
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from config import Config
+from storage.files import write_atomically
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import (
     RemoteLogSegmentMetadataUpdate,
@@ -76,9 +76,7 @@ def last_run_ms(state_path: Path) -> int | None:
 
 def record_run(state_path: Path, now_ms: int) -> None:
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = state_path.with_name(state_path.name + ".tmp")
-    temporary.write_text(json.dumps({"last_run_ms": now_ms}) + "\n")
-    os.replace(temporary, state_path)
+    write_atomically(state_path, (json.dumps({"last_run_ms": now_ms}) + "\n").encode())
 
 
 async def remove_deleted_partitions(

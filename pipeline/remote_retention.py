@@ -1,12 +1,8 @@
 """Remote retention: expire remote segments past `retention.ms` / `retention.bytes`.
 
-Kafka's rules (`RemoteLogManager`'s expiration task), applied to the COPY_SEGMENT_FINISHED
-segments of a partition, oldest first:
-- time: a segment expires when its largest timestamp is older than now - retention.ms;
-- size: with `diff` = bytes of the finished segments - retention.bytes, the oldest segments
-  expire while each fits in what is left of `diff` (what remains never drops below the limit);
-- each rule expires a prefix of the remote log, so the log start only moves forward and no
-  hole opens in the middle; a segment expires if either rule says so.
+Kafka's rules (`RemoteLogManager`'s expiration task, `retention_rule`), applied to the
+COPY_SEGMENT_FINISHED segments of a partition, oldest first: each rule expires a prefix of
+the remote log, so the log start only moves forward and no hole opens in the middle.
 
 A segment is deleted through DELETE_SEGMENT_STARTED -> delete its objects ->
 DELETE_SEGMENT_FINISHED. A failure leaves it in DELETE_SEGMENT_STARTED, which is already no
@@ -38,6 +34,7 @@ from storage.rsm import RemoteStorageManager
 
 from client.cluster import TopicInfo
 from .local_retention import METADATA_READY_TIMEOUT_S
+from .retention_rule import finished_segments, retention_prefix
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +59,8 @@ def expired_segments(
     segments: Iterable[RemoteLogSegmentMetadata], retention_ms: int, retention_bytes: int, now_ms: int
 ) -> tuple[list[RemoteLogSegmentMetadata], str]:
     """The oldest COPY_SEGMENT_FINISHED segments that retention expires, and why."""
-    finished = sorted(
-        (s for s in segments if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED),
-        key=lambda s: (s.start_offset, s.end_offset),
-    )
-    by_time = 0
-    if retention_ms >= 0:
-        cutoff = now_ms - retention_ms
-        while by_time < len(finished) and finished[by_time].max_timestamp_ms < cutoff:
-            by_time += 1
-    by_size = 0
-    if retention_bytes >= 0:
-        diff = sum(s.segment_size_in_bytes for s in finished) - retention_bytes
-        while by_size < len(finished) and diff - finished[by_size].segment_size_in_bytes >= 0:
-            diff -= finished[by_size].segment_size_in_bytes
-            by_size += 1
-    count = max(by_time, by_size)
-    reason = "+".join(name for name, n in (("time", by_time), ("size", by_size)) if n == count) if count else ""
+    finished = finished_segments(segments)
+    count, reason = retention_prefix(finished, retention_ms, retention_bytes, now_ms)
     return finished[:count], reason
 
 

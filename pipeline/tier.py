@@ -39,9 +39,9 @@ one flock per append), so with it the executors must see the driver's
 `remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
 
 `--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default).
-A failed pass is logged and retried after `remote.log.manager.task.retry.backoff.ms`,
-doubling up to `...retry.backoff.max.ms`, with `...retry.jitter` (never later than the
-interval). SIGINT and SIGTERM stop
+A failed pass is logged and retried after Kafka's exponential backoff (`storage.backoff`):
+`remote.log.manager.task.retry.backoff.ms`, doubling up to `...retry.backoff.max.ms`, with
+`...retry.jitter` (never later than the interval). SIGINT and SIGTERM stop
 the loop after the current pass.
 """
 
@@ -53,7 +53,6 @@ import fcntl
 import importlib.util
 import logging
 import os
-import random
 import signal
 import sys
 import threading
@@ -65,6 +64,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from config import Config
+from config.tables import text_table
+from storage.backoff import ExponentialBackoff
 from storage.factory import remote_storage_manager
 
 from client.cluster import Cluster
@@ -282,9 +283,7 @@ def format_summary(report: PassReport) -> str:
             p.name, copied, str(p.segments), f"{p.bytes / MB:.1f}", f"{p.pending_bytes / MB:.1f}", str(p.cleaned),
             str(t.new_log_start_offset) if t else "-", str(e.segments) if e and e.segments else "-", note,
         ))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = text_table([header, *rows])
     n_trimmed, n_expired = len(trimmed), sum(e.segments for e in expired.values())
     lines.append(
         f"{len(report.partitions)} partitions, {report.segments} segments, {report.bytes / MB:.1f} MB in "
@@ -301,15 +300,6 @@ def format_summary(report: PassReport) -> str:
 # ----------------------------------------------------------------------------- --every
 
 
-def retry_backoff_ms(config: Config, failures: int, rng: random.Random | None = None) -> float:
-    """Backoff before retrying after `failures` consecutive failed passes (>= 1)."""
-    base = config["remote.log.manager.task.retry.backoff.ms"]
-    cap = config["remote.log.manager.task.retry.backoff.max.ms"]
-    jitter = config["remote.log.manager.task.retry.jitter"]
-    backoff = min(cap, base * 2 ** (failures - 1))
-    return backoff * (1 + (rng or random).uniform(-jitter, jitter))
-
-
 def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | None = None,
               stop: threading.Event | None = None, max_passes: int | None = None) -> int:
     """Passes until SIGINT/SIGTERM (or `stop`, or `max_passes`); returns how many failed in a row at the end."""
@@ -319,6 +309,7 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, lambda *_: _stop(stop))
     failures = passes = 0
+    backoff = ExponentialBackoff.from_config(config)
     try:
         while not stop.is_set():
             passes += 1
@@ -327,10 +318,11 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
                 failures = 0 if report.ok else failures + 1
             except Exception as e:
                 failures += 1
-                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, PipelineBusy))
+                # Expected failures (busy, unreachable, refused) are one line; anything else gets its traceback.
+                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, ConnectionError)))
             if max_passes is not None and passes >= max_passes:
                 break
-            wait_ms = interval_ms if failures == 0 else min(interval_ms, retry_backoff_ms(config, failures))
+            wait_ms = interval_ms if failures == 0 else min(interval_ms, backoff.backoff_ms(failures - 1))
             stop.wait(wait_ms / 1000)
     finally:
         for signum, handler in previous.items():

@@ -50,16 +50,6 @@ class OffsetSpec(enum.IntEnum):
     def min_version(self) -> int:
         return _MIN_VERSION[self]
 
-    @classmethod
-    def supported(cls, timestamp: int, version: int) -> bool:
-        """Whether ListOffsets ``version`` accepts ``timestamp`` (plain times always)."""
-        if timestamp >= 0:
-            return True
-        try:
-            return version >= cls(timestamp).min_version
-        except ValueError:
-            return False
-
 
 _MIN_VERSION = {
     OffsetSpec.LATEST: 1,

@@ -20,6 +20,7 @@ from kio.index import KioIndexError
 from kio.index import load_request_schema
 from kio.index import load_response_schema
 
+from .apis import ApiKey
 from .errors import DecodeError
 
 if TYPE_CHECKING:
@@ -35,10 +36,7 @@ __all__ = (
     "request_header_version",
     "response_header_version",
     "skip_tagged_fields",
-    "with_correlation_id",
 )
-
-_API_VERSIONS_KEY = 18
 
 _FIXED = struct.Struct(">hhih")  # api key, api version, correlation id, client id length
 _INT32 = struct.Struct(">i")
@@ -74,7 +72,7 @@ def request_header_version(api_key: int, api_version: int) -> int | None:
 @functools.cache
 def response_header_version(api_key: int, api_version: int) -> int | None:
     """0 or 1 as kio's schema for this response says; None if kio does not know it."""
-    if api_key == _API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     try:
         schema = load_response_schema(api_key, api_version)
@@ -173,18 +171,3 @@ def parse_response_header(body: Buffer, header_version: int) -> tuple[int, int]:
         return correlation_id, skip_tagged_fields(view, _INT32.size, len(view))
     raise ValueError(f"response header version must be 0 or 1, got {header_version}")
 
-
-def with_correlation_id(
-    body: Buffer, correlation_id: int, *, response: bool = False
-) -> tuple[memoryview, bytes, memoryview]:
-    """A frame body with its correlation id replaced, as parts for ``encode_frame``.
-
-    The proxy maps correlation ids between client and broker; the payload is passed
-    through as slices, never copied. Requests carry the id at offset 4, responses at 0.
-    """
-    view = memoryview(body).cast("B")
-    offset = 0 if response else 4
-    if len(view) < offset + _INT32.size:
-        kind = "response" if response else "request"
-        raise DecodeError(f"{kind} frame of {len(view)} bytes has no correlation id")
-    return view[:offset], _INT32.pack(correlation_id), view[offset + _INT32.size :]

@@ -192,42 +192,6 @@ def crc_valid(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> bo
     return crc32c.crc32c(view) == header.crc
 
 
-def whole_batches_size(buffer: bytes | bytearray | memoryview, start: int = 0) -> int:
-    """Bytes from `start` covered by whole batches (a partial tail is excluded)."""
-    end = start
-    for header in iter_batches(buffer, start):
-        end = header.end_position
-    return end - start
-
-
-def first_batch_from(buffer: bytes | bytearray | memoryview, offset: int, start: int = 0) -> BatchHeader | None:
-    """The first batch whose last offset is >= `offset` (the one holding it, or after)."""
-    for header in iter_batches(buffer, start):
-        if header.last_offset >= offset:
-            return header
-    return None
-
-
-def trim_to_budget(
-    buffer: bytes | bytearray | memoryview,
-    max_bytes: int,
-    start: int = 0,
-    *,
-    min_one_batch: bool = False,
-) -> memoryview:
-    """Whole batches from `start` that fit in `max_bytes`, as a view (no copy).
-
-    With `min_one_batch` the first batch is returned even if it alone exceeds the
-    budget: KIP-74 lets the first partition with data make progress that way.
-    """
-    end = start
-    for header in iter_batches(buffer, start):
-        if header.end_position - start > max_bytes and not (min_one_batch and end == start):
-            break
-        end = header.end_position
-    return memoryview(buffer)[start:end]
-
-
 class EndTxnMarker(NamedTuple):
     """The record of a control batch: Kafka's `EndTransactionMarker`."""
 

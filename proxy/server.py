@@ -18,6 +18,7 @@ from typing import Any
 from client.connection import KafkaConnection, KafkaConnectionError
 from client.security import security
 from config import Config
+from config.addresses import parse_host_port
 from protocol.errors import ProtocolError
 from protocol.requests import metadata_request
 
@@ -26,16 +27,9 @@ from .handlers import InterceptorRegistry, ProxyServices
 from .metrics import ProxyMetrics
 from .tls import listener_ssl_context
 
-__all__ = ("ProxyServer", "parse_host_port")
+__all__ = ("ProxyServer",)
 
 log = logging.getLogger(__name__)
-
-
-def parse_host_port(address: str) -> tuple[str, int]:
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{address!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 class ProxyServer:

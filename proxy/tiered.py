@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 
 from prometheus_client import CollectorRegistry
 
@@ -72,9 +71,6 @@ class RemoteTier:
                 await self.rlmm.refresh()
             except Exception:  # a bad read now is retried next time; serving goes on
                 log.exception("refreshing the remote log metadata failed")
-
-    def partition(self, topic_id: uuid.UUID, topic: str, partition: int) -> TopicIdPartition:
-        return TopicIdPartition(topic_id, topic, partition)
 
     def remote_log_start(self, tp: TopicIdPartition) -> int | None:
         """The remote log start offset, or None when the partition has nothing remote.

@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import errno
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 from .errors import RemoteResourceNotFound, RemoteStorageError
+from .files import atomic_write, fsync_directory
 from .manifest import Crc32cAccumulator, ObjectEntry
 from .model import TopicIdPartition
 from .rsm import ObjectStoreRemoteStorageManager, partition_key_prefix
@@ -114,20 +114,11 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
     def _write_atomically(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> ObjectEntry:
         target = self.path_of(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         crc = Crc32cAccumulator()
-        try:
-            with open(temp, "xb") as out:
-                for chunk in chunks():
-                    crc.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(target.parent)
+        with atomic_write(target) as out:
+            for chunk in chunks():
+                crc.update(chunk)
+                out.write(chunk)
         return crc.entry()
 
     def _list_sync(self, key_prefix: str) -> list[str]:
@@ -154,15 +145,6 @@ def _read_chunks(path: Path, chunk_bytes: int) -> Iterator[bytes]:
             yield chunk
 
 
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _unlink_all(paths: list[Path]) -> None:
     directories = set()
     for path in paths:
@@ -172,7 +154,7 @@ def _unlink_all(paths: list[Path]) -> None:
         except FileNotFoundError:
             pass
     for directory in directories:
-        _fsync_dir(directory)
+        fsync_directory(directory)
 
 
 def _remove_empty_dirs(directory: Path, root: Path) -> None:

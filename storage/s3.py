@@ -2,9 +2,9 @@
 
 Reads are ranged GETs streamed in chunks; segments above a threshold go up as
 multipart uploads, aborted when any part fails. Retries are ours, not botocore's
-(its retry budget is set to one attempt): exponential backoff with jitter after
-Kafka's `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms` and
-`.retry.jitter`, on retriable failures only. A failure while a response body is
+(its retry budget is set to one attempt): Kafka's exponential backoff with jitter
+(`storage.backoff`, from `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms`
+and `.retry.jitter`), on retriable failures only. A failure while a response body is
 being streamed is not retried here (bytes may already be with the caller); it
 surfaces as a retriable RemoteStorageError.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore import exceptions as boto
 
+from .backoff import ExponentialBackoff
 from .errors import RemoteResourceNotFound, RemoteStorageError
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
@@ -47,24 +47,6 @@ _THROTTLING_CODES = {
 _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
 
 T = TypeVar("T")
-
-
-def retry_backoff_ms(
-    attempt: int,
-    backoff_ms: float,
-    backoff_max_ms: float,
-    jitter: float,
-    uniform: Callable[[float, float], float] = random.uniform,
-) -> float:
-    """Delay before retry number `attempt` (0 for the first retry).
-
-    `backoff_ms` doubled per attempt up to `backoff_max_ms`, times a random factor
-    in [1 - jitter, 1 + jitter], never above `backoff_max_ms` (as Kafka's
-    ExponentialBackoff behaves).
-    """
-    term = min(backoff_ms * 2.0 ** min(attempt, 64), backoff_max_ms)
-    factor = uniform(1.0 - jitter, 1.0 + jitter) if jitter > 0 else 1.0
-    return min(term * factor, backoff_max_ms)
 
 
 def storage_error(error: BaseException, what: str) -> RemoteStorageError:
@@ -125,19 +107,13 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             raise ValueError(f"multipart_threshold_bytes must be positive, got {multipart_threshold_bytes}")
         if max_connections < 1 or max_attempts < 1 or chunk_bytes < 1 or request_timeout_ms < 1:
             raise ValueError("max_connections, max_attempts, chunk_bytes and request_timeout_ms must be positive")
-        if not 0.0 <= retry_jitter <= 1.0:
-            raise ValueError(f"retry_jitter must be in [0, 1], got {retry_jitter}")
-        if retry_backoff_ms < 0 or retry_backoff_max_ms < retry_backoff_ms:
-            raise ValueError("need 0 <= retry_backoff_ms <= retry_backoff_max_ms")
+        self.backoff = ExponentialBackoff(retry_backoff_ms, retry_backoff_max_ms, retry_jitter)
         super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size)
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         self.region = region
         self.multipart_threshold_bytes = multipart_threshold_bytes
         self.multipart_part_bytes = multipart_part_bytes
-        self.retry_backoff_ms = retry_backoff_ms
-        self.retry_backoff_max_ms = retry_backoff_max_ms
-        self.retry_jitter = retry_jitter
         self.max_attempts = max_attempts
         self.chunk_bytes = chunk_bytes
         self._credentials = (access_key_id, secret_access_key)
@@ -198,8 +174,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                 error = storage_error(e, f"{what} (attempt {attempt + 1} of {self.max_attempts})")
                 if not error.retriable or attempt + 1 >= self.max_attempts:
                     raise error from e
-            delay_ms = retry_backoff_ms(attempt, self.retry_backoff_ms, self.retry_backoff_max_ms, self.retry_jitter)
-            await asyncio.sleep(delay_ms / 1000)
+            await asyncio.sleep(self.backoff.backoff_ms(attempt) / 1000)
             attempt += 1
 
     def _where(self, key: str) -> str:

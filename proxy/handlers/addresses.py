@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kio.static.primitive import i32
 
 from protocol.apis import ApiKey
-from protocol.codecs import INTERCEPTED, decode_response, kio_versions
+from protocol.codecs import INTERCEPTED, decode_response, kio_versions, response_schema
 
 from . import ConnectionContext, Forward, Interceptor, Response
 
@@ -73,13 +73,21 @@ async def rewrite_node_endpoints(ctx: ConnectionContext, response: Any) -> Any:
 
 _Rewrite = Callable[[ConnectionContext, Any], Awaitable[Any]]
 
+
+def _versions_with_node_endpoints(api_key: ApiKey) -> range:
+    """The versions whose response has ``node_endpoints`` (KIP-951), as kio's schemas say."""
+    versions = [v for v in kio_versions(api_key)
+                if any(f.name == "node_endpoints" for f in dataclasses.fields(response_schema(api_key, v)))]
+    return range(versions[0], versions[-1] + 1)
+
+
 _REWRITES: dict[ApiKey, tuple[range, _Rewrite]] = {
     ApiKey.METADATA: (INTERCEPTED[ApiKey.METADATA], _metadata),
     ApiKey.FIND_COORDINATOR: (INTERCEPTED[ApiKey.FIND_COORDINATOR], _find_coordinator),
     ApiKey.DESCRIBE_CLUSTER: (INTERCEPTED[ApiKey.DESCRIBE_CLUSTER], _describe_cluster),
     # Only these versions carry node_endpoints; older ones pass through untouched.
-    ApiKey.FETCH: (kio_versions(ApiKey.FETCH, 16), rewrite_node_endpoints),
-    ApiKey.PRODUCE: (kio_versions(ApiKey.PRODUCE, 10), rewrite_node_endpoints),
+    ApiKey.FETCH: (_versions_with_node_endpoints(ApiKey.FETCH), rewrite_node_endpoints),
+    ApiKey.PRODUCE: (_versions_with_node_endpoints(ApiKey.PRODUCE), rewrite_node_endpoints),
 }
 
 

@@ -95,15 +95,6 @@ class BrokerQueries:
                     self.state.learn_topic(topic.name, topic.topic_id)
         return {n: self.state.topic_ids[n] for n in names if n in self.state.topic_ids}
 
-    async def topic_names(self, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-        """Names of topic ids, from Metadata of every topic when one is not known yet."""
-        if any(i not in self.state.topic_names for i in ids):
-            response = await self._ask(metadata_request(None))
-            for topic in response.topics:
-                if topic.error_code == ErrorCode.none and topic.topic_id is not None:
-                    self.state.learn_topic(topic.name, topic.topic_id)
-        return {i: self.state.topic_names[i] for i in ids if i in self.state.topic_names}
-
     async def list_offsets(
         self, partitions: dict[str, list[int]], spec: int, isolation_level: int = 0
     ) -> dict[tuple[str, int], tuple[ErrorCode, int, int, int]]:

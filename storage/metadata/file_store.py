@@ -42,6 +42,7 @@ from pathlib import Path
 import crc32c
 
 from ..errors import MetadataNotReady, RemoteLogMetadataError
+from ..files import fsync_directory
 from ..model import TopicIdPartition
 from . import RemoteLogMetadataManager
 from .serde import MetadataDecodeError, RemoteLogMetadata, deserialize, read_uvarint, serialize, uvarint_bytes
@@ -124,7 +125,7 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
             created = not self.path.exists()
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             if created:
-                _fsync_directory(self.directory)
+                fsync_directory(self.directory)
             self._catch_up()
         finally:
             if self.shared:
@@ -215,11 +216,3 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
                 if fd is not None:
                     os.close(fd)  # closing the lock descriptor releases the flock
             self._fd = self._lock_fd = None
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

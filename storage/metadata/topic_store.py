@@ -55,6 +55,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import murmur2
 
 from ..errors import MetadataNotReady, RemoteLogMetadataError
+from ..files import fsync_directory, write_atomically
 from ..model import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
 from . import RemoteLogMetadataManager
 from .serde import (
@@ -124,23 +125,6 @@ def decode_flat_file(
             raise MetadataDecodeError(f"unexpected {type(record).__name__} in a flat file")
         entries.append(record)
     return uuid.UUID(bytes=topic_id), offset, entries
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_committed_offsets(path: Path) -> dict[int, int]:
@@ -363,10 +347,12 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                 self._ready[p].set()
 
     def _persist(self, files: Mapping[TopicIdPartition, bytes], committed: Mapping[int, int]) -> None:
+        # One directory fsync for all the renames.
         for tp, data in files.items():
-            _write_atomically(self.directory / flat_file_name(tp), data)
-        _write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode())
-        _fsync_directory(self.directory)
+            write_atomically(self.directory / flat_file_name(tp), data, sync_directory=False)
+        write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode(),
+                         sync_directory=False)
+        fsync_directory(self.directory)
 
     async def _check_caught_up(self) -> None:
         # A partition whose last records were not data (or were skipped) is caught up by position.

@@ -12,11 +12,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
 from protocol.requests import fetch_request, list_offsets_request, metadata_request
 from client.connection import KafkaConnection
+from config.addresses import parse_host_port
 from storage.indexes import build_segment_indexes, segment_file_name, write_indexes
 from storage.indexes.producer_snapshot import ProducerState
 from storage.metadata import RemoteLogMetadataManager
@@ -144,12 +146,22 @@ async def tier_raw_log(
     work_dir: Path,
     segment_bytes: int | None = None,
     cut_offsets: Iterable[int] = (),
+    end: int | None = None,
 ) -> list[RemoteLogSegmentMetadata]:
-    """Fetch the partition's whole log from the broker and tier it (see `tier_log`)."""
+    """Fetch the partition's log below `end` (default: all of it) from the broker and tier it (see `tier_log`)."""
     tip = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
-    log = await fetch_raw_log(conn, topic, partition)
+    log = await fetch_raw_log(conn, topic, partition, 0, end)
     return await tier_log(log, tip, rsm=rsm, rlmm=rlmm, work_dir=work_dir, segment_bytes=segment_bytes,
                           cut_offsets=cut_offsets)
+
+
+async def tier_from_broker(
+    bootstrap_servers: str, topic: str, partition: int, **options: Any
+) -> list[RemoteLogSegmentMetadata]:
+    """`tier_raw_log` on a connection to the first of `bootstrap_servers`."""
+    first = bootstrap_servers.split(",")[0]
+    async with await KafkaConnection.open(*parse_host_port(first)) as conn:
+        return await tier_raw_log(conn, topic, partition, **options)
 
 
 def _now_ms() -> int:

@@ -19,7 +19,6 @@ from pipeline.local_retention import LocalRetentionLimits, local_trim
 from pipeline.retention import run_retention
 from protocol.apis import ErrorCode, OffsetSpec
 from config import Config, parse
-from client.connection import KafkaConnection
 from storage.factory import remote_log_metadata_manager, remote_storage_manager
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import (
@@ -29,7 +28,7 @@ from storage.model import (
     TopicIdPartition,
 )
 from storage.rsm import RemoteStorageManager
-from tests.helpers.remote_tier import fetch_raw_log, tier_log, topic_id_of
+from tests.helpers.remote_tier import tier_from_broker
 
 GROUPS = 6
 PER_GROUP = 20
@@ -89,15 +88,8 @@ async def tier(bootstrap: str, rlmm: RemoteLogMetadataManager, rsm: RemoteStorag
                topic: str, *, end: int, cut_every: int = PER_GROUP,
                partition: int = 0) -> list[RemoteLogSegmentMetadata]:
     """Offsets [0, end) of the partition into FINISHED remote segments of `cut_every` offsets."""
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-    conn = await KafkaConnection.open(host, int(port))
-    try:
-        tp = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
-        log = await fetch_raw_log(conn, topic, partition, 0, end)
-    finally:
-        await conn.close()
-    return await tier_log(log, tp, rsm=rsm, rlmm=rlmm, work_dir=work_dir,
-                          cut_offsets=range(cut_every, end, cut_every))
+    return await tier_from_broker(bootstrap, topic, partition, end=end, rsm=rsm, rlmm=rlmm, work_dir=work_dir,
+                                  cut_offsets=range(cut_every, end, cut_every))
 
 
 async def broker_log_start(cluster: Cluster, topic: str, partition: int = 0) -> int:

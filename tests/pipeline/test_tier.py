@@ -217,8 +217,8 @@ async def test_tier_to_s3_ships_the_tail_once_it_is_older_than_segment_ms(
 
 def test_intervals_and_retry_backoff():
     from tierproxy.tier import parse_interval_ms
-    from pipeline.tier import retry_backoff_ms
     from config import ConfigError
+    from storage.backoff import ExponentialBackoff
 
     assert [parse_interval_ms(t) for t in ("30s", "5m", "1h", "250ms", "1500")] == [30_000, 300_000, 3_600_000,
                                                                                   250, 1500]
@@ -231,8 +231,9 @@ def test_intervals_and_retry_backoff():
     config = parse({"bootstrap.servers": "127.0.0.1:1", "remote.log.manager.task.retry.backoff.ms": "100",
                     "remote.log.manager.task.retry.backoff.max.ms": "1000",
                     "remote.log.manager.task.retry.jitter": "0.2"})
+    backoff = ExponentialBackoff.from_config(config)  # the loop's, after `failures` failed passes
     for failures, expected in ((1, 100), (2, 200), (4, 800), (5, 1000), (30, 1000)):
-        assert expected * 0.8 <= retry_backoff_ms(config, failures) <= expected * 1.2
+        assert expected * 0.8 <= backoff.backoff_ms(failures - 1) <= expected * 1.2
 
 
 def test_one_pass_at_a_time_and_the_loop_retries_a_failed_pass(tmp_path, kafka_cluster):

@@ -22,7 +22,6 @@ from protocol.headers import parse_response_header
 from protocol.headers import peek_request_header
 from protocol.headers import request_header_version
 from protocol.headers import response_header_version
-from protocol.headers import with_correlation_id
 
 KNOWN = [(key, v) for key, name in api_key_map.items() for v in schema_name_map[name]]
 int16 = st.integers(-(2**15), 2**15 - 1)
@@ -103,19 +102,6 @@ def test_response_header_round_trip(correlation_id, version, tags, payload):
     if version == 1:
         header = header[:-1] + tags
     assert parse_response_header(header + payload, version) == (correlation_id, len(header))
-
-
-def test_with_correlation_id_rewrites_only_the_id():
-    request = encode_request_header(1, 13, 7, "cli", 2) + b"payload"
-    rewritten = b"".join(with_correlation_id(request, -5))
-    header = peek_request_header(rewritten)
-    assert header.correlation_id == -5 and header.client_id == "cli"
-    assert rewritten[header.header_size :] == b"payload"
-    response = encode_response_header(9, 1) + b"body"
-    rewritten = b"".join(with_correlation_id(response, 3, response=True))
-    assert parse_response_header(rewritten, 1) == (3, 5)
-    with pytest.raises(DecodeError):
-        with_correlation_id(b"\x00" * 7, 1)
 
 
 def test_truncated_client_id():

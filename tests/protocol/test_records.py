@@ -16,11 +16,8 @@ from protocol.records import (
     ControlType,
     control_type,
     crc_valid,
-    first_batch_from,
     iter_batches,
     read_batch_header,
-    trim_to_budget,
-    whole_batches_size,
 )
 from tests.helpers.batches import batch, control_batch
 
@@ -60,48 +57,10 @@ def test_partial_trailing_batch_is_dropped(shapes, data):
     headers = list(iter_batches(log[:cut]))
     whole = [r for r, h_end in zip(ranges, _ends(log)) if h_end <= cut]
     assert [(h.base_offset, h.last_offset) for h in headers] == whole
-    assert whole_batches_size(log[:cut]) == (headers[-1].end_position if headers else 0)
 
 
 def _ends(log):
     return [h.end_position for h in iter_batches(log)]
-
-
-@given(batch_shapes, st.data())
-@settings(max_examples=150, deadline=None)
-def test_first_batch_from_offset(shapes, data):
-    log, ranges = build_log(shapes, base_offset=100)
-    target = data.draw(st.integers(0, ranges[-1][1] + 5))
-    found = first_batch_from(log, target)
-    expected = next((r for r in ranges if r[1] >= target), None)
-    if expected is None:
-        assert found is None
-    else:
-        assert (found.base_offset, found.last_offset) == expected
-
-
-@given(batch_shapes, st.integers(0, 5000), st.booleans())
-@settings(max_examples=150, deadline=None)
-def test_trim_to_budget_keeps_whole_batches(shapes, budget, min_one):
-    log, _ = build_log(shapes)
-    view = trim_to_budget(log, budget, min_one_batch=min_one)
-    sizes = [h.size for h in iter_batches(log)]
-    kept = list(iter_batches(view))
-    assert whole_batches_size(view) == len(view)  # never a partial batch
-    if min_one and sizes[0] > budget:
-        assert len(view) == sizes[0]
-    else:
-        assert len(view) <= budget
-        # The next batch would not have fit.
-        if len(kept) < len(sizes):
-            assert len(view) + sizes[len(kept)] > budget
-
-
-def test_trim_from_a_start_position():
-    log, _ = build_log([(3, 10), (2, 10), (4, 10)])
-    second = list(iter_batches(log))[1]
-    view = trim_to_budget(log, 10_000, start=second.position)
-    assert [h.base_offset for h in iter_batches(view)] == [3, 5]
 
 
 def test_control_batches_and_their_type():

@@ -28,7 +28,7 @@ from protocol.headers import encode_request_header, parse_response_header
 from client.connection import KafkaConnection
 from proxy.metrics import ProxyMetrics
 from proxy.serve import build_interceptors
-from proxy.server import parse_host_port
+from config.addresses import parse_host_port
 from tests.proxy.test_passthrough import (
     ProxyThread,
     confluent_key,
@@ -59,7 +59,7 @@ def replicated_topic(kafka_cluster_3) -> Iterator[str]:
 
 
 def _proxy_addresses(proxy: ProxyThread) -> dict[int, tuple[str, int]]:
-    base = config["proxy.broker.port.base"]
+    base = proxy.config["proxy.broker.port.base"]
     return {node: ("127.0.0.1", base + node) for node in range(NODES)}
 
 

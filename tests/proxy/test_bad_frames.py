@@ -22,7 +22,8 @@ from protocol.framing import encode_frame
 from protocol.headers import encode_request_header
 from client.connection import KafkaConnection
 from proxy.metrics import ProxyMetrics
-from proxy.server import ProxyServer, parse_host_port
+from config.addresses import parse_host_port
+from proxy.server import ProxyServer
 from proxy.serve import build_interceptors
 from testbed.ports import free_port
 from tests.proxy.test_passthrough import proxy_config

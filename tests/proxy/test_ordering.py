@@ -21,7 +21,8 @@ from proxy.client_connection import produce_acks
 from proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import ResponseOrderer
-from proxy.server import ProxyServer, parse_host_port
+from config.addresses import parse_host_port
+from proxy.server import ProxyServer
 from tests.proxy.test_passthrough import proxy_config
 
 RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])

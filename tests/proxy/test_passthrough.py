@@ -37,7 +37,8 @@ from protocol.framing import FrameDecoder, encode_frame
 from config import Config, parse
 from proxy.metrics import ProxyMetrics
 from proxy.serve import build_interceptors
-from proxy.server import ProxyServer, parse_host_port
+from config.addresses import parse_host_port
+from proxy.server import ProxyServer
 from testbed.ports import free_ports
 from tests.helpers.produce import ProducedRecord
 

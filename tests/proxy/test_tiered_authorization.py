@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import javaproperties
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import TopicAuthorizationFailedError
@@ -38,7 +37,8 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
 from client.connection import KafkaConnection
-from proxy.server import parse_host_port
+from config.addresses import parse_host_port
+from config.properties import read_properties
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.kafka import KafkaCluster
@@ -68,8 +68,7 @@ def sasl_cluster() -> Iterator[KafkaCluster]:
 def _internal_bootstrap(cluster: KafkaCluster) -> str:
     """The PLAINTEXT inter-broker listener of node 0 (its principal is a super user):
     tierproxy's own connections, which speak no SASL, tier and trim through it."""
-    with open(cluster.workdir / "node-0" / "server.properties", encoding="utf-8") as f:
-        listeners = javaproperties.load(f)["listeners"]
+    listeners = read_properties(cluster.workdir / "node-0" / "server.properties")["listeners"]
     (internal,) = [lst for lst in listeners.split(",") if lst.startswith("INTERNAL://")]
     return internal.removeprefix("INTERNAL://")
 

@@ -23,7 +23,7 @@ from kio.static.primitive import i8, i32, i64
 
 from protocol.apis import ErrorCode, OffsetSpec
 from client.connection import KafkaConnection
-from proxy.server import parse_host_port
+from config.addresses import parse_host_port
 from storage.local import LocalRemoteStorageManager
 from storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, proxy_config

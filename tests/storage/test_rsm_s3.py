@@ -15,7 +15,7 @@ import storage.s3
 from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
 from storage.model import IndexType
 from storage.rsm import ObjectType, RemoteStorageManager
-from storage.s3 import MIB, S3RemoteStorageManager, retry_backoff_ms, storage_error
+from storage.s3 import MIB, S3RemoteStorageManager, storage_error
 from testbed.ports import LOOPBACK, free_port
 from testbed.s3 import S3Server
 
@@ -210,22 +210,6 @@ async def test_closed_manager_refuses_calls(s3_server: S3Server, tmp_path: Path)
 def test_part_size_below_the_s3_minimum_is_rejected() -> None:
     with pytest.raises(ValueError, match="multipart_part_bytes"):
         S3RemoteStorageManager("b", multipart_part_bytes=5 * MIB - 1)
-
-
-def test_backoff_doubles_up_to_the_maximum() -> None:
-    no_jitter = [retry_backoff_ms(a, 500, 30_000, 0.0) for a in range(9)]
-    assert no_jitter == [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
-    assert retry_backoff_ms(10_000, 500, 30_000, 0.0) == 30_000  # no overflow on long outages
-
-
-def test_backoff_jitter_stays_within_its_band() -> None:
-    low = [retry_backoff_ms(a, 500, 30_000, 0.2, uniform=lambda lo, hi: lo) for a in range(4)]
-    high = [retry_backoff_ms(a, 500, 30_000, 0.2, uniform=lambda lo, hi: hi) for a in range(4)]
-    assert low == pytest.approx([400, 800, 1600, 3200])
-    assert high == pytest.approx([600, 1200, 2400, 4800])
-    assert retry_backoff_ms(7, 500, 30_000, 0.2, uniform=lambda lo, hi: hi) == 30_000  # capped after jitter
-    delays = {retry_backoff_ms(2, 500, 30_000, 0.2) for _ in range(50)}
-    assert all(1600 <= d <= 2400 for d in delays) and len(delays) > 1
 
 
 def _client_error(status: int, code: str) -> ClientError:

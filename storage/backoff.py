@@ -1,0 +1,55 @@
+"""Exponential retry backoff with jitter, as Kafka's `org.apache.kafka.common.utils.ExponentialBackoff`.
+
+    backoff(attempts) = min(max, initial * multiplier ** attempts) * uniform(1 - jitter, 1 + jitter),
+                        never above max
+
+with `attempts` counted from 0 (the delay before the first retry is about `initial`). When
+max <= initial the backoff is a constant `max`, without jitter, as in Kafka. tierproxy's
+retries (S3 requests, failed tiering passes) are driven by Kafka's
+`remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms` and `.retry.jitter`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ("ExponentialBackoff",)
+
+
+@dataclass(frozen=True, slots=True)
+class ExponentialBackoff:
+    initial_ms: float
+    max_ms: float
+    jitter: float
+    multiplier: float = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"retry jitter must be in [0, 1], got {self.jitter}")
+        if not 0 <= self.initial_ms <= self.max_ms:
+            raise ValueError(f"retry backoff needs 0 <= initial <= max, got {self.initial_ms} and {self.max_ms}")
+        if self.multiplier <= 1:
+            raise ValueError(f"retry backoff multiplier must be above 1, got {self.multiplier}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ExponentialBackoff:
+        """The backoff of `remote.log.manager.task.retry.backoff.ms`, `...backoff.max.ms` and `...jitter`."""
+        return cls(
+            config["remote.log.manager.task.retry.backoff.ms"],
+            config["remote.log.manager.task.retry.backoff.max.ms"],
+            config["remote.log.manager.task.retry.jitter"],
+        )
+
+    def backoff_ms(self, attempts: int, uniform: Callable[[float, float], float] = random.uniform) -> float:
+        """Milliseconds to wait before retry number `attempts` (0 for the first retry)."""
+        if self.max_ms <= self.initial_ms:
+            return self.max_ms
+        # The exponent stops once the term is past max: no float overflow on long outages.
+        cap = math.ceil(math.log(self.max_ms / self.initial_ms, self.multiplier)) + 1 if self.initial_ms > 0 else 0
+        term = min(self.max_ms, self.initial_ms * self.multiplier ** min(attempts, cap))
+        factor = uniform(1.0 - self.jitter, 1.0 + self.jitter) if self.jitter > 0 else 1.0
+        return min(term * factor, self.max_ms)
