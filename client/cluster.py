@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from config.addresses import parse_host_port
 from protocol.apis import ErrorCode, OffsetSpec, error_name
 from protocol.requests import (
     READ_COMMITTED,
@@ -71,7 +72,7 @@ class Cluster:
 
     def __init__(self, bootstrap_servers: Iterable[str], *, security: Security = PLAINTEXT,
                  client_id: str = "tierproxy-pipeline") -> None:
-        self._bootstrap = [self._split(server) for server in bootstrap_servers]
+        self._bootstrap = [parse_host_port(server) for server in bootstrap_servers]
         self._security = security
         self._client_id = client_id
         self._brokers: dict[int, tuple[str, int]] = {}
@@ -83,11 +84,6 @@ class Cluster:
     def from_config(cls, config: Mapping[str, Any], *, client_id: str = "tierproxy-pipeline") -> Cluster:
         """The configured cluster, with its security (files read and checked now)."""
         return cls(config["bootstrap.servers"], security=security(config), client_id=client_id)
-
-    @staticmethod
-    def _split(server: str) -> tuple[str, int]:
-        host, _, port = server.strip().rpartition(":")
-        return host.strip("[]"), int(port)
 
     async def __aenter__(self) -> Cluster:
         return self

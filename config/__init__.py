@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import javaproperties
+from .properties import read_properties
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -503,15 +503,8 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
 
 def load(path: str | os.PathLike[str] | None, overrides: Iterable[str] = ()) -> Config:
     """The file (Kafka `.properties` syntax) with `key=value` overrides on top."""
-    properties: dict[str, str] = {}
-    source = "<defaults>"
-    if path is not None:
-        source = str(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                properties = dict(javaproperties.load(f))
-        except OSError as e:
-            raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+    properties = read_properties(path) if path is not None else {}
+    source = str(path) if path is not None else "<defaults>"
     properties.update(parse_overrides(overrides))
     try:
         return parse(properties, source=source)

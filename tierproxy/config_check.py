@@ -18,8 +18,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-import javaproperties
-
 from client.security import security
 from config import (
     TOPIC_DEFAULTS as TOPIC_FALLBACKS,  # topic-level key -> the default key it falls back to
@@ -36,6 +34,8 @@ from config import (
     load,
     parse_overrides,
 )
+from config.properties import read_properties
+from config.tables import text_table
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -60,8 +60,7 @@ def _given_keys(path: str | None) -> set[str]:
     """Names set in the file itself, to tell file values from defaults that happen to match."""
     if path is None:
         return set()
-    with open(path, encoding="utf-8") as f:
-        return set(javaproperties.load(f))
+    return set(read_properties(path))
 
 
 def _source(key: ConfigKey, given: set[str], overridden: set[str]) -> str:
@@ -98,10 +97,7 @@ def effective_rows(config: Config, given: set[str], overridden: set[str]) -> lis
 
 
 def format_rows(rows: Iterable[tuple[str, str, str]]) -> str:
-    rows = [("KEY", "VALUE", "SOURCE"), *rows]
-    width_key = max(len(r[0]) for r in rows)
-    width_value = max(len(r[1]) for r in rows)
-    return "\n".join(f"{k:<{width_key}}  {v:<{width_value}}  {s}".rstrip() for k, v, s in rows)
+    return "\n".join(text_table([("KEY", "VALUE", "SOURCE"), *rows]))
 
 
 def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO) -> int:

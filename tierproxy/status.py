@@ -43,6 +43,7 @@ from storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, 
 from storage.model import RemoteLogSegmentState, TopicIdPartition
 
 from config import Config, ConfigError, load
+from config.tables import text_table
 
 EXIT_OK = 0
 EXIT_BROKEN = 1
@@ -199,13 +200,8 @@ def format_table(report: Report) -> str:
          str(p.remote_bytes), "ok" if p.ok else "BROKEN")
         for p in report.partitions
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     # Names to the left, numbers to the right, as in kafka-consumer-groups.sh.
-    lines = [
-        "  ".join(cell.ljust(w) if i in (0, len(header) - 1) else cell.rjust(w)
-                  for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-        for row in rows
-    ]
+    lines = text_table(rows, right_aligned=range(1, len(header) - 1))
     lines.append("LX local log start, LY last stable offset, LZ local log end (broker); "
                  "RX remote log start, RY remote log end (COPY_SEGMENT_FINISHED segments)")
     return "\n".join(lines)

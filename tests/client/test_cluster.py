@@ -48,10 +48,11 @@ async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
 
 async def test_every_connection_negotiates_versions_and_refuses_what_the_broker_does_not_accept(kafka_cluster):
     from client.connection import KafkaConnection, UnsupportedVersionError
+    from config.addresses import parse_host_port
     from protocol.apis import ApiKey
     from protocol.requests import delete_records_request, metadata_request
 
-    host, port = kafka_cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    host, port = parse_host_port(kafka_cluster.bootstrap_servers.split(",")[0])
     async with await KafkaConnection.open(host, int(port)) as connection:
         versions = connection.api_versions
         assert versions[ApiKey.FETCH][1] >= 12 and versions[ApiKey.LIST_OFFSETS][1] >= 7
