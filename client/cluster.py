@@ -152,26 +152,12 @@ class Cluster:
     ) -> dict[tuple[str, int], ListedOffset]:
         """ListOffsets for each (topic, partition), sent to its leader. With LATEST and
         READ_COMMITTED the answer is the last stable offset."""
-        by_leader: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for topic, partition in partitions:
-            by_leader[topics[topic].partitions[partition].leader][topic].append(partition)
-
-        async def ask(leader: int, wanted: dict[str, list[int]]):
-            return await (await self._node(leader)).request(list_offsets_request(wanted, spec, isolation_level))
-
-        responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
-        out = {}
-        for response in responses:
-            for topic in response.topics:
-                for p in topic.partitions:
-                    if p.error_code != ErrorCode.none:
-                        raise ClusterError(
-                            f"ListOffsets {OffsetSpec(spec).name if spec < 0 else spec} of "
-                            f"{topic.name}-{p.partition_index}: {error_name(p.error_code)}",
-                            p.error_code,
-                        )
-                    out[(topic.name, p.partition_index)] = ListedOffset(p.offset, p.timestamp, p.leader_epoch)
-        return out
+        what = f"ListOffsets {OffsetSpec(spec).name if spec < 0 else spec}"
+        responses = await self._to_leaders(
+            topics, {tp: tp[1] for tp in partitions},
+            lambda wanted: list_offsets_request(wanted, spec, isolation_level))
+        return {key: ListedOffset(p.offset, p.timestamp, p.leader_epoch)
+                for key, p in self._partitions(what, responses)}
 
     async def fetch_raw(
         self, topics: dict[str, TopicInfo], topic: str, partition: int, offset: int, max_bytes: int, *,
@@ -193,23 +179,30 @@ class Cluster:
     ) -> dict[tuple[str, int], int]:
         """DeleteRecords: advance each partition's log start offset to the given offset.
         Returns the new low watermarks."""
-        by_leader: dict[int, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
-        for (topic, partition), offset in before.items():
-            by_leader[topics[topic].partitions[partition].leader][topic].append((partition, offset))
+        responses = await self._to_leaders(
+            topics, {(topic, partition): (partition, offset) for (topic, partition), offset in before.items()},
+            lambda wanted: delete_records_request(wanted, timeout_ms), timeout=timeout_ms / 1000 + 10)
+        return {key: p.low_watermark for key, p in self._partitions("DeleteRecords", responses)}
 
-        async def ask(leader: int, wanted: dict[str, list[tuple[int, int]]]):
-            return await (await self._node(leader)).request(
-                delete_records_request(wanted, timeout_ms), timeout=timeout_ms / 1000 + 10
-            )
+    async def _to_leaders(self, topics: dict[str, TopicInfo], items: Mapping[tuple[str, int], Any],
+                          build: Any, *, timeout: float = 30.0) -> list[Any]:
+        """One request per leader, built from {topic: [item, ...]} of the partitions it leads."""
+        by_leader: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+        for (topic, partition), item in items.items():
+            by_leader[topics[topic].partitions[partition].leader][topic].append(item)
 
-        responses = await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
-        out = {}
+        async def ask(leader: int, wanted: dict[str, list[Any]]) -> Any:
+            return await (await self._node(leader)).request(build(wanted), timeout=timeout)
+
+        return await asyncio.gather(*(ask(leader, wanted) for leader, wanted in by_leader.items()))
+
+    @staticmethod
+    def _partitions(what: str, responses: list[Any]) -> Iterable[tuple[tuple[str, int], Any]]:
+        """((topic, partition), partition response) of every answer; ClusterError on any error."""
         for response in responses:
             for topic in response.topics:
                 for p in topic.partitions:
                     if p.error_code != ErrorCode.none:
-                        raise ClusterError(
-                            f"DeleteRecords {topic.name}-{p.partition_index}: {error_name(p.error_code)}", p.error_code
-                        )
-                    out[(topic.name, p.partition_index)] = p.low_watermark
-        return out
+                        raise ClusterError(f"{what} of {topic.name}-{p.partition_index}: {error_name(p.error_code)}",
+                                           p.error_code)
+                    yield (topic.name, p.partition_index), p

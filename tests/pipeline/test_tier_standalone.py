@@ -63,6 +63,20 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         stop_pids(pids)
 
 
+async def _tier_on(master_url: str, properties: Path, app_name: str) -> subprocess.CompletedProcess:
+    """`tierproxy tier` with the file, on the standalone master; it must succeed."""
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
+         "--override", f"spark.app.name={app_name}"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
 async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluster, topic, tmp_path):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
@@ -73,15 +87,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
         javaproperties.dump(config.raw(), f)
 
     master_url, ui = standalone
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
-         "--override", "spark.app.name=tierproxy-standalone-test"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = await _tier_on(master_url, properties, "tierproxy-standalone-test")
     assert "2 partitions," in done.stderr  # the summary line
     # It ran on the standalone cluster: its master lists the application as completed.
     with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
@@ -143,15 +149,7 @@ async def test_tier_command_on_a_standalone_master_over_sasl_ssl(standalone, sec
         javaproperties.dump(config.raw(), f)
 
     master_url, ui = standalone
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
-         "--override", "spark.app.name=tierproxy-standalone-sasl-ssl"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = await _tier_on(master_url, properties, "tierproxy-standalone-sasl-ssl")
     assert security["sasl.password"] not in done.stdout + done.stderr
     with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
         state = json.load(response)
