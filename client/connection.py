@@ -107,7 +107,7 @@ class KafkaConnection:
         except ssl.SSLError as e:
             raise _tls_failure(host, port, e) from None
         except (OSError, asyncio.TimeoutError) as e:
-            raise KafkaConnectionError(f"cannot connect to broker {host}:{port}: {e or 'timed out'}") from e
+            raise KafkaConnectionError(f"cannot connect to broker {host}:{port}: {str(e) or 'timed out'}") from e
         connection = cls(reader, writer, **kwargs)
         try:
             await connection._negotiate_versions(timeout)
@@ -169,7 +169,10 @@ class KafkaConnection:
         if not self.api_versions:
             return
         accepted = self.api_versions.get(api_key)
-        name = ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else f"api key {api_key}"
+        try:
+            name = ApiKey(api_key).name
+        except ValueError:  # a key kio does not know
+            name = f"api key {api_key}"
         if accepted is None:
             raise UnsupportedVersionError(f"broker {self.peer} does not support {name}")
         if not accepted[0] <= version <= accepted[1]:

@@ -2,7 +2,7 @@
 
 No Docker engine runs here, so this reads the files: the compose file (validated offline
 against the Compose Specification's JSON schema, the copy vendored by check-jsonschema),
-the one configuration file mounted into the proxy and the pipeline (loaded with config,
+the one configuration file mounted into the proxy and the pipeline (loaded with config.load,
 so every key in it must be valid), Prometheus' configuration and the Dockerfile's two
 targets, and checks that hosts, ports, the bucket, the credentials and the mounted path
 are the same everywhere, and that each image installs what its service runs.

@@ -192,7 +192,7 @@ async def test_a_full_reader_queue_is_an_error_not_a_wait_and_everyone_finishes(
 def test_metrics_endpoint_lists_the_remote_metrics(proxy, tiered):
     data, _ = tiered
     # ProxyThread runs the server alone; `tierproxy serve` adds this endpoint on metrics.port.
-    port = config["metrics.port"]
+    port = proxy.config["metrics.port"]
     http, _ = start_http_server(port, addr=LOOPBACK, registry=proxy.metrics.registry)
     try:
         consumed = asyncio.run(_replay(proxy.bootstrap_servers, data.topic, 0, 10, time.monotonic() + 60))
