@@ -48,11 +48,8 @@ from protocol.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
-    Compression,
-    TimestampType,
     crc_valid,
     read_batch_header,
-    read_varint,
 )
 from storage.errors import (
     CorruptRemoteSegment,
@@ -64,6 +61,7 @@ from storage.indexes import CorruptIndexError, CorruptLogError
 from storage.indexes.transaction_index import AbortedTxn
 from storage.metadata import RemoteLogMetadataManager
 from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from storage.records import first_record_at_or_after
 from storage.rsm import RemoteStorageManager
 
 from config import Config
@@ -276,11 +274,10 @@ class RemoteLogReader:
         """The first remote record with timestamp >= `timestamp` (and offset >= `starting_offset`).
 
         Through the time and offset indexes to the first batch whose max timestamp
-        reaches the target, then to the record: exact for uncompressed batches and
-        for LOG_APPEND_TIME ones. For compressed CREATE_TIME batches the answer is at
-        batch granularity: the batch's first offset (>= starting offset) and its max
-        timestamp, an offset at or before the record Kafka would name, so a consumer
-        starting there misses nothing. None when no remote record is that recent.
+        reaches the target, then into that batch (decompressed if it is) to the record,
+        as Kafka's `RemoteLogManager.findOffsetByTimestamp`: the record's own offset and
+        timestamp (a LOG_APPEND_TIME batch's records all carry its max timestamp). None
+        when no remote record is that recent.
         """
         with self._counting_errors(tp):
             log_start = self.rlmm.log_start_offset(tp)
@@ -468,25 +465,14 @@ class RemoteLogReader:
 
 
 def _record_at_or_after(batch: _Batch, timestamp: int, starting_offset: int) -> TimestampAndOffset | None:
-    """The first record of the batch with timestamp >= `timestamp` and offset >= `starting_offset`."""
+    """The first record of the batch with timestamp >= `timestamp` and offset >= `starting_offset`,
+    with its own offset and timestamp: the batch is decompressed when it must be."""
     header = batch.header
+    found = first_record_at_or_after(batch.view, timestamp, starting_offset)
+    if found is None:
+        return None
     epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else NO_LEADER_EPOCH
-    first = max(header.base_offset, starting_offset)
-    if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
-        return TimestampAndOffset(header.max_timestamp, first, epoch)  # every record has the batch's time
-    if header.compression is not Compression.NONE:
-        return TimestampAndOffset(header.max_timestamp, first, epoch)  # batch granularity (see above)
-    buffer, position, end = batch.buffer, header.position + HEADER_SIZE, header.end_position
-    for _ in range(header.records_count):
-        length, body = read_varint(buffer, position, end)
-        timestamp_delta, cursor = read_varint(buffer, body + 1, end)  # after the attributes byte
-        offset_delta, _ = read_varint(buffer, cursor, end)
-        record_timestamp = header.base_timestamp + timestamp_delta
-        record_offset = header.base_offset + offset_delta
-        if record_timestamp >= timestamp and record_offset >= starting_offset:
-            return TimestampAndOffset(record_timestamp, record_offset, epoch)
-        position = body + length
-    return None
+    return TimestampAndOffset(found[1], found[0], epoch)
 
 
 # ---------------------------------------------------------------------- wiring

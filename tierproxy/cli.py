@@ -47,7 +47,7 @@ def _security_epilog() -> str:
 # What each extra of pyproject.toml brings (module: distribution), for the subcommands
 # that need it: `pip install tierproxy` alone is the proxy.
 EXTRAS: dict[str, dict[str, str]] = {
-    "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas", "cramjam": "cramjam"},
+    "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas"},
     "loadtest": {"confluent_kafka": "confluent-kafka"},
 }
 

@@ -26,8 +26,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 
 # Distributions only the extras may bring, and the modules they provide.
-NOT_IN_CORE = {"pyspark", "pandas", "pyarrow", "confluent-kafka", "cramjam"}
-BLOCKED_MODULES = ("pyspark", "py4j", "pandas", "pyarrow", "confluent_kafka", "cramjam")
+NOT_IN_CORE = {"pyspark", "pandas", "pyarrow", "confluent-kafka"}
+BLOCKED_MODULES = ("pyspark", "py4j", "pandas", "pyarrow", "confluent_kafka")
 # The proxy's layers (every module) and the commands the proxy image runs.
 CORE_PACKAGES = ("protocol", "config", "client", "storage", "cache", "proxy")
 CORE_COMMANDS = ("tierproxy", "tierproxy.cli", "tierproxy.serve", "tierproxy.status", "tierproxy.config_check")

@@ -80,14 +80,15 @@ def produce_timed(
     base_timestamp_ms: int | None = None,
     step_ms: int = 10,
     timestamps: dict[tuple[int, int], int] | None = None,
+    compression: str = "none",
 ) -> list[ProducedRecord]:
     """`per_partition` uncompressed records per partition (librdkafka), with explicit
     CREATE_TIME timestamps `base + step * i`, increasing in every partition.
     `timestamps` overrides the timestamp of (partition, i), the i-th record produced to
-    that partition. Uncompressed so that offsets-for-times answers are exact."""
+    that partition. Uncompressed unless `compression` names a codec."""
     base = int(time.time() * 1000) if base_timestamp_ms is None else base_timestamp_ms
     # Idempotent: offsets follow the order of produce() calls, so timestamps grow with offsets.
-    producer = Producer({**client_config, "linger.ms": 5, "compression.type": "none", "batch.size": 16384,
+    producer = Producer({**client_config, "linger.ms": 5, "compression.type": compression, "batch.size": 16384,
                          "enable.idempotence": True})
     produced: list[ProducedRecord] = []
     failures: list[Any] = []

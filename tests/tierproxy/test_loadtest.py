@@ -49,8 +49,6 @@ class Topic:
 
 def _produce(bootstrap: str, topic: str, base_timestamp: int) -> int:
     """PER_PARTITION records per partition, the i-th of each at base_timestamp + i ms."""
-    # Uncompressed: the remote tier finds a timestamp's exact record only in uncompressed
-    # batches (compressed ones answer at batch granularity, see RemoteLogReader).
     # Idempotent: a batch retried while the new topic's leadership settles keeps its place,
     # so offset i holds record i in every partition.
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 64 * 1024,
