@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from storage.backoff import read_deadline
 from storage.errors import RemoteStorageError
 
 from .remote_metrics import ReadErrorReason, RemoteMetrics
@@ -109,8 +111,15 @@ class RemoteLogReaderPool:
         A full queue gives `ReadOutcome(error=ReaderQueueFull)`, a wait that runs out
         `ReadOutcome(expired=True)`; both are counted for `topic`.
         """
+        submitted = time.monotonic()
+
+        async def within_the_wait() -> T:
+            # Store retries stop in time for this fetch to answer, however long the read queued.
+            with read_deadline(None if timeout is None else timeout - (time.monotonic() - submitted)):
+                return await read()
+
         try:
-            future = self.submit(read)
+            future = self.submit(within_the_wait)
         except ReaderQueueFull as e:
             self.metrics.read_error(topic, ReadErrorReason.QUEUE_FULL)
             return ReadOutcome(error=e)

@@ -11,13 +11,37 @@ retries (S3 requests, failed tiering passes) are driven by Kafka's
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ("ExponentialBackoff",)
+__all__ = ("ExponentialBackoff", "read_deadline", "retry_fits")
+
+# When the fetch waiting for a remote read gives up (remote.fetch.max.wait.ms): a store
+# retry that would end later is not made, so the read fails while the fetch can still
+# answer the partition with the error, and the next fetch tries the store again.
+_READ_DEADLINE: ContextVar[float | None] = ContextVar("tierproxy_read_deadline", default=None)
+
+
+@contextlib.contextmanager
+def read_deadline(seconds: float | None) -> Iterator[None]:
+    """Retries of the store inside this block (and the tasks it starts) end within `seconds`."""
+    token = _READ_DEADLINE.set(None if seconds is None else time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _READ_DEADLINE.reset(token)
+
+
+def retry_fits(delay_s: float) -> bool:
+    """Whether waiting `delay_s` before a retry still ends inside the current read deadline."""
+    deadline = _READ_DEADLINE.get()
+    return deadline is None or time.monotonic() + delay_s < deadline
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ Reads are ranged GETs streamed in chunks; segments above a threshold go up as
 multipart uploads, aborted when any part fails. Retries are ours, not botocore's
 (its retry budget is set to one attempt): Kafka's exponential backoff with jitter
 (`storage.backoff`, from `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms`
-and `.retry.jitter`), on retriable failures only. A failure while a response body is
+and `.retry.jitter`), on retriable failures only, and for a proxy's read only while the
+fetch waiting for it still waits (`storage.backoff.read_deadline`). A failure while a response body is
 being streamed is not retried here (bytes may already be with the caller); it
 surfaces as a retriable RemoteStorageError.
 """
@@ -22,7 +23,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore import exceptions as boto
 
-from .backoff import ExponentialBackoff
+from .backoff import ExponentialBackoff, retry_fits
 from .errors import RemoteResourceNotFound, RemoteStorageError
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
@@ -174,7 +175,10 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                 error = storage_error(e, f"{what} (attempt {attempt + 1} of {self.max_attempts})")
                 if not error.retriable or attempt + 1 >= self.max_attempts:
                     raise error from e
-            await asyncio.sleep(self.backoff.backoff_ms(attempt) / 1000)
+                delay = self.backoff.backoff_ms(attempt) / 1000
+                if not retry_fits(delay):  # a fetch is waiting: it answers with the error now
+                    raise error from e
+            await asyncio.sleep(delay)
             attempt += 1
 
     def _where(self, key: str) -> str:

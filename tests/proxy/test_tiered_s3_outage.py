@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import uuid
@@ -184,3 +185,68 @@ async def test_outage_local_flows_remote_resumes_after_s3_returns(proxy, tiered,
     assert in_partition_order(from_librdkafka) == expected
     assert not any(e.code() not in (KafkaError.UNKNOWN, KafkaError._PARTITION_EOF) for e in confluent_errors), \
         {e.code() for e in confluent_errors}
+
+
+# With the default retry settings (5 attempts, 500 ms backoff growing to 30 s), not the
+# fast ones above: the store's retries must still fit in one fetch wait (500 ms).
+# TIERPROXY_OUTAGE_S=20 measures the 20 s outage; 8 s keeps the suite short.
+OUTAGE_S = float(os.environ.get("TIERPROXY_OUTAGE_S", "8"))
+
+
+def _sum(proxy: ProxyThread, name: str, topic: str) -> float:
+    return sum(sample.value for metric in proxy.metrics.registry.collect() for sample in metric.samples
+               if sample.name == name and sample.labels.get("topic") == topic)
+
+
+async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetch_wait(kafka_cluster, s3, tiered):
+    data, root = tiered
+    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
+        **s3_proxy_settings(s3.endpoint_url, s3, PREFIX),
+        "remote.log.metadata.dir": root / "metadata",
+        "remote.log.chunk.size.bytes": 16 * 1024,
+        "remote.log.chunk.cache.size.bytes": 64 * 1024,
+    })
+    assert config["remote.log.storage.s3.max.attempts"] == 5 and config["remote.fetch.max.wait.ms"] == 500
+    proxy = ProxyThread(config).start()
+    errors: list[KafkaError] = []
+    out: list[list[tuple]] = []
+    stop = threading.Event()
+    wanted = sum(len(data.of(p)) for p in TIERED)
+    consumer = threading.Thread(target=lambda: out.append(consume_confluent_assigned(
+        {"bootstrap.servers": proxy.bootstrap_servers}, data.topic, TIERED, wanted, timeout_s=120,
+        errors=errors, stop=stop)))
+    try:
+        s3.stop()
+        started = time.monotonic()
+        consumer.start()
+        await wait_until(lambda: _not_available(proxy, data.topic) > 0, 5, "the first TIERED_STORAGE_NOT_AVAILABLE")
+        first_after = time.monotonic() - started
+        await asyncio.sleep(OUTAGE_S)
+        during = _not_available(proxy, data.topic)
+        expired = _sum(proxy, "tierproxy_remote_fetch_expired_total", data.topic)
+        client_errors = sum(1 for e in errors if e.code() == KafkaError.UNKNOWN)
+        print(f"outage of {OUTAGE_S:.0f} s, default retries: first error after {first_after:.2f} s, "
+              f"{during:.0f} TIERED_STORAGE_NOT_AVAILABLE, {expired:.0f} expired fetches, "
+              f"{client_errors} client errors")
+        assert first_after < 3.0  # one fetch wait, plus the consumer's start and its metadata
+        assert during >= OUTAGE_S  # the alert's metric keeps rising, about every fetch
+        assert client_errors >= OUTAGE_S / 2
+        assert expired <= during / 10, (expired, during)  # errors, not silently empty fetches
+
+        s3.start(create_bucket=True)
+        async with s3_storage(s3, PREFIX) as rsm:
+            await upload_again(rsm, data.copies)
+        await asyncio.to_thread(consumer.join, 120)
+        after = _not_available(proxy, data.topic)
+        await asyncio.sleep(2)
+        assert _not_available(proxy, data.topic) == after  # it stops once the store is back
+    finally:
+        stop.set()
+        if consumer.is_alive():
+            await asyncio.to_thread(consumer.join, 30)
+        if not s3.answers():
+            s3.start(create_bucket=True)
+        proxy.stop()
+    (consumed,) = out
+    expected = expected_by_partition(data)
+    assert in_partition_order(consumed) == {p: expected[p] for p in TIERED}

@@ -59,3 +59,17 @@ def test_from_the_configuration() -> None:
                     "remote.log.manager.task.retry.jitter": "0.1"})
     assert ExponentialBackoff.from_config(config) == ExponentialBackoff(100, 1000, 0.1)
     assert ExponentialBackoff.from_config(parse({"bootstrap.servers": "127.0.0.1:1"})) == KAFKA_DEFAULTS
+
+
+def test_a_read_deadline_bounds_retries_and_nests():
+    from storage.backoff import read_deadline, retry_fits
+
+    assert retry_fits(3600)  # no fetch waiting: the retry budget is the attempts alone
+    with read_deadline(0.5):
+        assert retry_fits(0.1) and not retry_fits(0.6)
+        with read_deadline(0.05):
+            assert not retry_fits(0.1)
+        assert retry_fits(0.1)
+    with read_deadline(None):
+        assert retry_fits(3600)
+    assert retry_fits(3600)
