@@ -122,16 +122,23 @@ class RemoteLogReaderPool:
             future = self.submit(within_the_wait)
         except ReaderQueueFull as e:
             self.metrics.read_error(topic, ReadErrorReason.QUEUE_FULL)
+            self._observe("queue_full", submitted)
             return ReadOutcome(error=e)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            outcome = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             self._give_up(future)
             self.metrics.fetch_expired.labels(topic).inc()
+            self._observe("expired", submitted)
             return ReadOutcome(expired=True)
         except asyncio.CancelledError:
             self._give_up(future)
             raise
+        self._observe("ok" if outcome.error is None else "error", submitted)
+        return outcome
+
+    def _observe(self, outcome: str, submitted: float) -> None:
+        self.metrics.read_seconds.labels(outcome).observe(time.monotonic() - submitted)
 
     async def close(self) -> None:
         """Refuse new reads, drop waiting ones, cancel running ones and wait for them."""

@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import enum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from cache import CacheMetrics
+from protocol.apis import error_name
+
+
+# From a cache hit (sub-millisecond) to a store that takes seconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class ReadErrorReason(enum.Enum):
@@ -77,6 +82,22 @@ class RemoteMetrics:
         self.cache_bytes = Gauge("tierproxy_cache_bytes", "Bytes counted against the cache's bound.", ["cache"],
                                  registry=r)
         self.cache_entries = Gauge("tierproxy_cache_entries", "Entries held.", ["cache"], registry=r)
+        self.read_seconds = Histogram(
+            "tierproxy_remote_read_seconds",
+            "Remote reads from the fetch's submission to its answer, by outcome (ok, error, expired, queue_full).",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=r)
+        self.storage_request_seconds = Histogram(
+            "tierproxy_remote_storage_request_seconds",
+            "Requests to the object store, each attempt, by operation (get, get_range, head, put, ...) and "
+            "outcome (ok, error).", ["operation", "outcome"], buckets=LATENCY_BUCKETS, registry=r)
+        self.broker_query_seconds = Histogram(
+            "tierproxy_broker_query_seconds",
+            "The proxy's own requests on a client's connection (Metadata, ListOffsets, Fetch), by API.",
+            ["api"], buckets=LATENCY_BUCKETS, registry=r)
+        self.partition_errors = Counter(
+            "tierproxy_partition_errors",
+            "Partitions the proxy itself answered with an error in a Fetch or ListOffsets, by API and "
+            "Kafka error name.", ["api", "error"], registry=r)
 
     def cache(self, name: str) -> CacheMetrics:
         """The counters of one cache, in the shape `cache/` expects."""
@@ -87,6 +108,13 @@ class RemoteMetrics:
 
     def tiered_storage_not_available(self, topic: str, cause: str) -> None:
         self.not_available.labels(topic, cause).inc()
+
+    def partition_error(self, api: str, code: int) -> None:
+        self.partition_errors.labels(api, error_name(code)).inc()
+
+    def store_request(self, operation: str, seconds: float, ok: bool) -> None:
+        """The RemoteStorageManager's `observe_request` hook."""
+        self.storage_request_seconds.labels(operation, "ok" if ok else "error").observe(seconds)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 if never set): for tests and summaries."""

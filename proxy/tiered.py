@@ -46,6 +46,8 @@ class RemoteTier:
         self.rlmm = rlmm if rlmm is not None else remote_log_metadata_manager(config, read_only=True)
         self.metrics = RemoteMetrics(registry) if registry is not None else RemoteMetrics()
         self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics)
+        if hasattr(self.rsm, "observe_request"):  # object stores report every request
+            self.rsm.observe_request = self.metrics.store_request
         self.unavailable_code = ErrorCode(config["tiered.storage.not.available.error.code"])
         self._refresher: asyncio.Task | None = None
 
@@ -77,8 +79,13 @@ class RemoteTier:
         Raises MetadataNotReady while its metadata loads."""
         return self.rlmm.log_start_offset(tp)
 
-    def error_code_for(self, tp: TopicIdPartition, error: BaseException) -> ErrorCode:
+    def error_code_for(self, tp: TopicIdPartition, error: BaseException, api: str) -> ErrorCode:
         """The wire code of a failed remote read, logged and counted under Kafka's names."""
+        code = self._error_code_for(tp, error)
+        self.metrics.partition_error(api, code)
+        return code
+
+    def _error_code_for(self, tp: TopicIdPartition, error: BaseException) -> ErrorCode:
         if isinstance(error, MetadataNotReady):
             log.warning("remote log metadata of %s is not ready: REPLICA_NOT_AVAILABLE", tp)
             return ErrorCode.replica_not_available

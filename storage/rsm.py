@@ -29,7 +29,7 @@ import asyncio
 import base64
 import enum
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -142,6 +142,9 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     def __init__(self, *, prefix: str = "", manifest_cache_size: int = 1024) -> None:
         self.prefix = prefix
+        # (operation, seconds, succeeded) of every request to the store: the proxy's
+        # latency histogram listens here; storage/ itself keeps no metrics.
+        self.observe_request: Callable[[str, float, bool], None] = lambda operation, seconds, ok: None
         # Fetches of one segment come in runs (sequential reads of a partition):
         # caching its manifest saves a round trip to the store per fetch.
         self._manifests: LRUCache[RemoteLogSegmentId, Manifest] = LRUCache(maxsize=manifest_cache_size)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -165,13 +166,18 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                 self._client_stack = stack
             return self._client
 
-    async def _call(self, what: str, request: Callable[[Any], Awaitable[T]]) -> T:
-        """Run `request(client)`, retrying retriable failures with backoff."""
+    async def _call(self, operation: str, what: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """Run `request(client)`, retrying retriable failures with backoff; every attempt is
+        reported to `observe_request` under `operation` (get, get_range, put, ...)."""
         attempt = 0
         while True:
+            started = time.monotonic()
             try:
-                return await request(await self._s3())
+                result = await request(await self._s3())
+                self.observe_request(operation, time.monotonic() - started, True)
+                return result
             except Exception as e:  # noqa: BLE001 - storage_error re-raises what is not ours
+                self.observe_request(operation, time.monotonic() - started, False)
                 error = storage_error(e, f"{what} (attempt {attempt + 1} of {self.max_attempts})")
                 if not error.retriable or attempt + 1 >= self.max_attempts:
                     raise error from e
@@ -200,6 +206,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
     async def _put_multipart(self, key: str, path: Path) -> ObjectEntry:
         where = self._where(key)
         created = await self._call(
+            "create_multipart_upload",
             f"create multipart upload {where}",
             lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key),
         )
@@ -218,6 +225,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                         raise RemoteStorageError(f"{where}: more than {S3_MAX_PARTS} parts", retriable=False)
                     crc.update(part)
                     response = await self._call(
+                        "upload_part",
                         f"upload part {number} of {where}",
                         lambda s3, part=part, number=number: s3.upload_part(
                             Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part
@@ -227,6 +235,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             finally:
                 await asyncio.to_thread(f.close)
             await self._call(
+                "complete_multipart_upload",
                 f"complete multipart upload {where}",
                 lambda s3: s3.complete_multipart_upload(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
@@ -242,6 +251,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     async def _put_bytes(self, key: str, data: bytes) -> None:
         await self._call(
+            "put",
             f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data)
         )
 
@@ -251,13 +261,14 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             async with response["Body"] as body:
                 return await body.read()
 
-        return await self._call(f"get {self._where(key)}", get)
+        return await self._call("get", f"get {self._where(key)}", get)
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
         where = self._where(key)
         try:
             response = await self._call(
+                "get_range",
                 f"get {where} bytes {first}-{last}",
                 lambda s3: s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}"),
             )
@@ -290,6 +301,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
     async def _object_size(self, key: str) -> int | None:
         try:
             response = await self._call(
+                "head",
                 f"head {self._where(key)}", lambda s3: s3.head_object(Bucket=self.bucket, Key=key)
             )
         except RemoteResourceNotFound:
@@ -302,6 +314,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             batch = keys[start : start + DELETE_BATCH]
             what = f"delete {len(batch)} objects from s3://{self.bucket} ({batch[0]}...)"
             response = await self._call(
+                "delete",
                 what,
                 lambda s3, batch=batch: s3.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
@@ -323,6 +336,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         while True:
             extra = {"ContinuationToken": token} if token else {}
             page = await self._call(
+                "list",
                 f"list s3://{self.bucket}/{key_prefix}",
                 lambda s3, extra=extra: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
             )

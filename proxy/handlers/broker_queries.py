@@ -23,6 +23,8 @@ from protocol.codecs import decode_response, encode_request
 from protocol.requests import READ_COMMITTED, fetch_request, list_offsets_request, metadata_request
 from protocol.headers import RequestHeader
 
+from ..metrics import api_name
+from ..remote_metrics import RemoteMetrics
 from . import Forward
 
 # How long a proof (OFFSET_OUT_OF_RANGE below the local log start) and the offsets read
@@ -74,14 +76,20 @@ def connection_state(state: dict) -> TierConnectionState:
 
 
 class BrokerQueries:
-    def __init__(self, header: RequestHeader, forward: Forward, state: TierConnectionState) -> None:
+    def __init__(self, header: RequestHeader, forward: Forward, state: TierConnectionState,
+                 metrics: RemoteMetrics | None = None) -> None:
         self._header = header
         self._forward = forward
         self.state = state
+        self._metrics = metrics
 
     async def _ask(self, request):
+        started = time.monotonic()
         payload = await self._forward(
             encode_request(request, self.state.next_correlation_id(), self._header.client_id))
+        if self._metrics is not None:
+            self._metrics.broker_query_seconds.labels(api_name(request.__api_key__)).observe(
+                time.monotonic() - started)
         return decode_response(request.__api_key__, request.__version__, payload)
 
     async def topic_ids(self, names: set[str]) -> dict[str, uuid.UUID]:

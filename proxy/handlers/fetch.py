@@ -94,7 +94,7 @@ class FetchInterceptor(Interceptor):
         version = header.api_version
         request = decode_request(ApiKey.FETCH, version, frame_body[header.header_size:])
         state = connection_state(ctx.state)
-        queries = BrokerQueries(header, forward, state)
+        queries = BrokerQueries(header, forward, state, self.tier.metrics)
         by_id = version >= 13
 
         # Partitions already proven remote on this connection skip the broker.
@@ -252,7 +252,7 @@ class FetchInterceptor(Interceptor):
                     entry.error = ErrorCode.offset_out_of_range
                     return
             except MetadataNotReady as e:
-                entry.error = self.tier.error_code_for(entry.tp, e)
+                entry.error = self.tier.error_code_for(entry.tp, e, "FETCH")
                 return
             entry.outcome = await self.tier.engine.read(
                 entry.tp,
@@ -335,7 +335,7 @@ class FetchInterceptor(Interceptor):
         outcome = entry.outcome
         if error is None and outcome is not None:
             if outcome.error is not None:
-                error = self.tier.error_code_for(entry.tp, outcome.error)
+                error = self.tier.error_code_for(entry.tp, outcome.error, "FETCH")
             elif outcome.value is not None:
                 result = outcome.value
                 log_start = result.log_start_offset

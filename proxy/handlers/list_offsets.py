@@ -93,7 +93,7 @@ class ListOffsetsInterceptor(Interceptor):
             answers = {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
         topic_ids: dict[str, Any] = {}
         if needs_remote:
-            queries = BrokerQueries(header, forward, connection_state(ctx.state))
+            queries = BrokerQueries(header, forward, connection_state(ctx.state), self.tier.metrics)
             topic_ids = await queries.topic_ids({name for name, _ in asked if name in remote_names})
 
         schema = response_schema(ApiKey.LIST_OFFSETS, version)
@@ -105,6 +105,7 @@ class ListOffsetsInterceptor(Interceptor):
                 key = (topic.name, partition.partition_index)
                 if key in unsupported:
                     answer = dict(error_code=ErrorCode.unsupported_version)
+                    self.tier.metrics.partition_error("LIST_OFFSETS", ErrorCode.unsupported_version)
                 else:
                     answer = await self._answer(key, asked[key], answers.get(key), topic_ids.get(topic.name))
                 partitions.append(
@@ -150,7 +151,7 @@ class ListOffsetsInterceptor(Interceptor):
                 if remote is not None and (broker.offset < 0 or remote.offset < broker.offset):
                     answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
         except (MetadataNotReady, RemoteStorageError) as e:
-            answer = dict(error_code=self.tier.error_code_for(tp, e))
+            answer = dict(error_code=self.tier.error_code_for(tp, e, "LIST_OFFSETS"))
         return answer
 
 

@@ -34,6 +34,7 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
+from proxy.handlers.broker_queries import OFFSETS_MAX_AGE_S
 from protocol.apis import ErrorCode, OffsetSpec
 from protocol.records import iter_batches
 from client.connection import KafkaConnection
@@ -280,11 +281,16 @@ async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_cl
         while await error_of(direct) != ErrorCode.topic_authorization_failed:
             assert time.monotonic() < deadline, "the revocation never applied"
             await asyncio.sleep(0.2)
-        # Kafka checks READ on every Fetch; the proxy may trail the broker by its proof's age.
-        deadline = time.monotonic() + 10
+        # Kafka checks READ on every Fetch; the proxy trails the broker by at most its proof's
+        # age (OFFSETS_MAX_AGE_S, docs/operations.md), plus this loop's 50 ms poll and one
+        # fetch round trip through the proxy: 0.5 s of margin.
+        refused_directly = time.monotonic()
+        deadline = refused_directly + 10
         while (error := await error_of(proxied)) == ErrorCode.none and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
+        trailed = time.monotonic() - refused_directly
         assert error == ErrorCode.topic_authorization_failed
+        assert trailed < OFFSETS_MAX_AGE_S + 0.5, trailed
     finally:
         await proxied.close()
         await direct.close()

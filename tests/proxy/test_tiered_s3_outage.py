@@ -193,9 +193,12 @@ async def test_outage_local_flows_remote_resumes_after_s3_returns(proxy, tiered,
 OUTAGE_S = float(os.environ.get("TIERPROXY_OUTAGE_S", "8"))
 
 
-def _sum(proxy: ProxyThread, name: str, topic: str) -> float:
+def _sum(proxy: ProxyThread, name: str, topic: str | None = None, **labels: str) -> float:
+    """The samples named `name` whose labels include these, added up."""
+    if topic is not None:
+        labels["topic"] = topic
     return sum(sample.value for metric in proxy.metrics.registry.collect() for sample in metric.samples
-               if sample.name == name and sample.labels.get("topic") == topic)
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetch_wait(kafka_cluster, s3, tiered):
@@ -232,6 +235,10 @@ async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetc
         assert during >= OUTAGE_S  # the alert's metric keeps rising, about every fetch
         assert client_errors >= OUTAGE_S / 2
         assert expired <= during / 10, (expired, during)  # errors, not silently empty fetches
+        # The same outage in the latency and error metrics.
+        assert _sum(proxy, "tierproxy_remote_storage_request_seconds_count", outcome="error") >= during
+        assert _sum(proxy, "tierproxy_remote_read_seconds_count", outcome="error") >= during
+        assert _sum(proxy, "tierproxy_partition_errors_total", api="FETCH", error="UNKNOWN_SERVER_ERROR") == during
 
         s3.start(create_bucket=True)
         async with s3_storage(s3, PREFIX) as rsm:
@@ -240,6 +247,10 @@ async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetc
         after = _not_available(proxy, data.topic)
         await asyncio.sleep(2)
         assert _not_available(proxy, data.topic) == after  # it stops once the store is back
+        for operation in ("get", "get_range"):
+            assert _sum(proxy, "tierproxy_remote_storage_request_seconds_count", operation=operation, outcome="ok") > 0
+        assert _sum(proxy, "tierproxy_remote_read_seconds_count", outcome="ok") > 0
+        assert _sum(proxy, "tierproxy_broker_query_seconds_count", api="LIST_OFFSETS") > 0
     finally:
         stop.set()
         if consumer.is_alive():
