@@ -18,7 +18,8 @@ A remote fetch of (partition, fetch offset, max bytes):
 5. Never past the segment's end offset: a segment cut by a truncation keeps its
    bytes, and the tail past its new end offset is not served.
 6. Every batch served passes its CRC-32C. A fetch stops before a batch that does
-   not; when it is the first one, the fetch fails with CorruptRemoteSegment, counted,
+   not, or whose header or length cannot be read (the intact batches before it are
+   served, as Kafka's reader stops at the first invalid batch); when it is the first one, the fetch fails with CorruptRemoteSegment, counted,
    and the segment's cached bytes are dropped so that a retry reads the store afresh.
 7. READ_COMMITTED: aborted transactions overlapping [fetch offset, last offset
    served + 1) from the transaction indexes of this and the following remote
@@ -221,7 +222,7 @@ class RemoteLogReader:
             position = offset_index.lookup(fetch_offset).position
             batches = self._batches(segment, position, read_ahead=True)
             async with contextlib.aclosing(batches):
-                async for batch in batches:
+                async for batch in _until_invalid(batches, records):
                     header = batch.header
                     if header.last_offset > segment.end_offset:
                         break  # past a truncated segment's end: never served
@@ -461,6 +462,18 @@ class RemoteLogReader:
             raise
         except RemoteStorageError:
             self.metrics.read_error(tp.topic, ReadErrorReason.STORAGE)
+            raise
+
+
+async def _until_invalid(batches: AsyncIterator[_Batch], served: list[memoryview]) -> AsyncIterator[_Batch]:
+    """The batches until one cannot be read (a corrupt length or header). Like Kafka's log
+    reader, which stops at the first invalid batch, the intact batches before it are
+    served; only a read that starts at the invalid batch fails."""
+    try:
+        async for batch in batches:
+            yield batch
+    except (DecodeError, CorruptLogError, CorruptRemoteSegment):
+        if not served:
             raise
 
 

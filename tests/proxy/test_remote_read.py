@@ -395,3 +395,26 @@ async def test_memory_stays_bounded_with_many_concurrent_replays(tmp_path: Path)
         assert reader.metrics.value("tierproxy_cache_evictions_total", {"cache": "chunk"}) > 0
         await pool.close()
         await close(reader)
+
+
+async def test_a_corrupt_batch_length_serves_the_intact_batches_before_it(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        segment = partition.segments[0]
+        victim = partition.batches[12]
+        position = sum(len(b.data) for b in partition.batches[:12])
+        path = rsm.path_of(rsm._key(segment, ObjectType.LOG))
+        stored = bytearray(path.read_bytes())
+        stored[position + 8:position + 12] = (1 << 30).to_bytes(4, "big")  # its length runs past the segment
+        path.write_bytes(bytes(stored))
+
+        metrics = RemoteMetrics()
+        reader = make_reader(rsm, rlmm, metrics=metrics)
+        before = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(before.records) == b"".join(b.data for b in partition.batches[:12])
+        assert before.next_fetch_offset == victim.base_offset
+        with pytest.raises(CorruptRemoteSegment):
+            await reader.read(partition.tp, victim.base_offset, 1 << 20, min_one_batch=True)
+        assert metrics.value("tierproxy_remote_read_errors_total",
+                             {"topic": partition.tp.topic, "reason": "corrupt"}) == 1
+        await close(reader)
