@@ -252,16 +252,27 @@ async def test_read_committed_says_when_remote_indexes_cannot_rule_out_later_abo
         await close(reader)
 
 
+def _damage_batch(rsm, partition: Partition, index: int, damage) -> None:
+    """`damage(stored, position)` on the stored `.log` of the one segment, at batch `index`."""
+    path = rsm.path_of(rsm._key(partition.segments[0], ObjectType.LOG))
+    stored = bytearray(path.read_bytes())
+    damage(stored, sum(len(b.data) for b in partition.batches[:index]))
+    path.write_bytes(bytes(stored))
+
+
+def _flip_a_record_byte(stored: bytearray, position: int) -> None:
+    stored[position + HEADER_SIZE + 3] ^= 0x01  # inside the records: only the CRC-32C can tell
+
+
+def _break_the_length(stored: bytearray, position: int) -> None:
+    stored[position + 8:position + 12] = (1 << 30).to_bytes(4, "big")  # runs past the segment's end
+
+
 async def test_a_corrupt_batch_is_never_served(tmp_path: Path) -> None:
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
-        segment = partition.segments[0]
         victim = partition.batches[12]
-        position = sum(len(b.data) for b in partition.batches[:12])
-        path = rsm.path_of(rsm._key(segment, ObjectType.LOG))
-        stored = bytearray(path.read_bytes())
-        stored[position + HEADER_SIZE + 3] ^= 0x01  # inside the records: only the CRC-32C can tell
-        path.write_bytes(bytes(stored))
+        _damage_batch(rsm, partition, 12, _flip_a_record_byte)
 
         metrics = RemoteMetrics()
         reader = make_reader(rsm, rlmm, metrics=metrics)
@@ -400,13 +411,8 @@ async def test_memory_stays_bounded_with_many_concurrent_replays(tmp_path: Path)
 async def test_a_corrupt_batch_length_serves_the_intact_batches_before_it(tmp_path: Path) -> None:
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
-        segment = partition.segments[0]
         victim = partition.batches[12]
-        position = sum(len(b.data) for b in partition.batches[:12])
-        path = rsm.path_of(rsm._key(segment, ObjectType.LOG))
-        stored = bytearray(path.read_bytes())
-        stored[position + 8:position + 12] = (1 << 30).to_bytes(4, "big")  # its length runs past the segment
-        path.write_bytes(bytes(stored))
+        _damage_batch(rsm, partition, 12, _break_the_length)
 
         metrics = RemoteMetrics()
         reader = make_reader(rsm, rlmm, metrics=metrics)
