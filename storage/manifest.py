@@ -3,14 +3,17 @@
 It lists every object the copy wrote with its size and CRC-32C (Castagnoli, the
 checksum Kafka's record batches use), and the segment's offsets. A segment whose
 manifest is missing was never copied completely and is never served; an object
-that disagrees with its manifest entry is corrupt.
+that disagrees with its manifest entry is corrupt. Each entry also holds the CRC-32C of
+every BLOCK_BYTES block, so a ranged read is checked block by block before it is used.
 
 Encoded as compact JSON so an operator can read it with any S3 tool.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,12 +24,22 @@ import crc32c
 from .errors import CorruptRemoteSegment
 
 MANIFEST_VERSION = 1
+# Objects are also checksummed in blocks of this size, so that a ranged read (the proxy's
+# chunks, remote.log.chunk.size.bytes: 4 MiB by default, a multiple) is verified before it
+# is used. Recorded with each entry: a later size does not misread older manifests.
+BLOCK_BYTES = 256 * 1024
+_BLOCK_CRC = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectEntry:
     size: int
     crc32c: int
+    # CRC-32C of each `block_bytes` block; empty in manifests written before blocks
+    # existed, whose ranged reads get the size check only. Not part of equality: a
+    # whole-object check compares size and CRC-32C.
+    blocks: tuple[int, ...] = field(default=(), compare=False)
+    block_bytes: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +64,7 @@ class Manifest:
             "segment_id": str(self.segment_id),
             "start_offset": self.start_offset,
             "end_offset": self.end_offset,
-            "objects": {ext: {"size": e.size, "crc32c": e.crc32c} for ext, e in sorted(self.objects.items())},
+            "objects": {ext: _encode_entry(e) for ext, e in sorted(self.objects.items())},
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
@@ -67,7 +80,7 @@ class Manifest:
                 raise ValueError(f"unknown version {version!r}")
             objects = {}
             for ext, entry in body["objects"].items():
-                objects[ext] = ObjectEntry(_non_negative_int(entry["size"]), _crc(entry["crc32c"]))
+                objects[ext] = _decode_entry(entry)
             return cls(
                 segment_id=uuid.UUID(body["segment_id"]),
                 start_offset=_non_negative_int(body["start_offset"]),
@@ -76,6 +89,26 @@ class Manifest:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptRemoteSegment(f"{name} is malformed: {e}") from e
+
+
+def _encode_entry(entry: ObjectEntry) -> dict:
+    out: dict = {"size": entry.size, "crc32c": entry.crc32c}
+    if entry.blocks:
+        out["block_bytes"] = entry.block_bytes
+        out["blocks"] = base64.b64encode(b"".join(_BLOCK_CRC.pack(c) for c in entry.blocks)).decode()
+    return out
+
+
+def _decode_entry(entry: dict) -> ObjectEntry:
+    size, crc = _non_negative_int(entry["size"]), _crc(entry["crc32c"])
+    if "blocks" not in entry:
+        return ObjectEntry(size, crc)
+    block_bytes = _non_negative_int(entry["block_bytes"])
+    packed = base64.b64decode(entry["blocks"], validate=True)
+    blocks = tuple(c for (c,) in _BLOCK_CRC.iter_unpack(packed)) if len(packed) % 4 == 0 else None
+    if block_bytes == 0 or blocks is None or len(blocks) != -(-size // block_bytes):
+        raise ValueError(f"block checksums do not cover {size} bytes in blocks of {block_bytes}")
+    return ObjectEntry(size, crc, blocks, block_bytes)
 
 
 def _non_negative_int(value: object) -> int:
@@ -93,21 +126,36 @@ def _crc(value: object) -> int:
 
 
 class Crc32cAccumulator:
-    """CRC-32C and size of a byte stream fed in chunks."""
+    """CRC-32C, size and block CRC-32Cs of a byte stream fed in chunks."""
 
-    __slots__ = ("crc", "size")
+    __slots__ = ("_block", "_blocks", "_filled", "crc", "size")
 
     def __init__(self) -> None:
         self.crc = 0
         self.size = 0
+        self._blocks: list[int] = []
+        self._block = 0
+        self._filled = 0
 
     def update(self, chunk: bytes | memoryview) -> None:
         self.crc = crc32c.crc32c(chunk, self.crc)
         self.size += len(chunk)
+        view = memoryview(chunk).cast("B")
+        while view:
+            part = view[:BLOCK_BYTES - self._filled]
+            self._block = crc32c.crc32c(part, self._block)
+            self._filled += len(part)
+            view = view[len(part):]
+            if self._filled == BLOCK_BYTES:
+                self._blocks.append(self._block)
+                self._block = self._filled = 0
 
     def entry(self) -> ObjectEntry:
-        return ObjectEntry(self.size, self.crc)
+        blocks = self._blocks + [self._block] if self._filled else list(self._blocks)
+        return ObjectEntry(self.size, self.crc, tuple(blocks), BLOCK_BYTES)
 
 
 def entry_of(data: bytes | memoryview) -> ObjectEntry:
-    return ObjectEntry(len(data), crc32c.crc32c(data))
+    accumulator = Crc32cAccumulator()
+    accumulator.update(data)
+    return accumulator.entry()

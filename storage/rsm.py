@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import crc32c
 from cachetools import LRUCache
 
 from .errors import CorruptRemoteSegment, RemoteResourceNotFound
@@ -245,13 +246,18 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             return
         last = size - 1 if end is None else min(end, size - 1)
         key = self._key(metadata, ObjectType.LOG)
+        entry = _entry(manifest, metadata, ObjectType.LOG)
+        # With block checksums the range grows to whole blocks, each checked before any of
+        # its bytes is yielded; without (older manifests) it gets the size check only.
+        block = entry.block_bytes if entry.blocks else 0
+        first, stop = (start // block * block, min(size, (last // block + 1) * block)) if block else (start, last + 1)
         delivered = 0
         try:
-            async with self._open_range(key, start, last) as (object_size, chunks):
-                # A ranged read cannot be CRC-checked: it gets the size check, and the
-                # record batches' own CRC-32C covers the bytes.
+            async with self._open_range(key, first, stop - 1) as (object_size, chunks):
                 if object_size != size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {size}")
+                if block:
+                    chunks = _verified_blocks(chunks, key, entry, first, start, last)
                 async for chunk in chunks:
                     delivered += len(chunk)
                     yield chunk
@@ -351,6 +357,29 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             async for chunk in chunks:
                 crc.update(chunk)
         return crc.entry()
+
+
+async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, entry: ObjectEntry, first: int,
+                           start: int, last: int) -> AsyncIterator[bytes | memoryview]:
+    """The bytes [start, last] of a read that began at block boundary `first`, each block
+    compared with its CRC-32C in the manifest before any of it is passed on."""
+    block_bytes = entry.block_bytes
+    end = min(entry.size, (last // block_bytes + 1) * block_bytes)  # where the read stops
+    position, pending = first, bytearray()
+    async for chunk in chunks:
+        pending += chunk
+        # A block is whole at block_bytes, or where the read ends (the object's last block).
+        while pending and (len(pending) >= block_bytes or position + len(pending) == end):
+            data = bytes(pending[:block_bytes])
+            del pending[:block_bytes]
+            index = position // block_bytes
+            if crc32c.crc32c(data) != entry.blocks[index]:
+                raise CorruptRemoteSegment(f"{key}: block {index} (bytes {position}-{position + len(data) - 1}) "
+                                           "fails its CRC-32C in the manifest")
+            low, high = max(start, position), min(last + 1, position + len(data))
+            if low < high:
+                yield memoryview(data)[low - position:high - position]
+            position += len(data)
 
 
 def _entry(manifest: Manifest, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> ObjectEntry:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from cache.chunk_cache import ChunkCache
@@ -14,7 +16,7 @@ from cache.index_cache import RemoteIndexCache
 from proxy.reader_pool import RemoteLogReaderPool
 from proxy.remote_metrics import RemoteMetrics
 from proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
-from protocol.records import HEADER_SIZE, iter_batches
+from protocol.records import HEADER_SIZE, crc_valid, iter_batches
 from storage.errors import CorruptRemoteSegment, MetadataNotReady
 from storage.indexes.transaction_index import AbortedTxn
 from storage.metadata.file_store import FileRemoteLogMetadataManager
@@ -252,8 +254,22 @@ async def test_read_committed_says_when_remote_indexes_cannot_rule_out_later_abo
         await close(reader)
 
 
+def _without_block_checksums(rsm, partition: Partition) -> None:
+    """The one segment's manifest as copies before block checksums wrote it: reads of its
+    `.log` then rest on the size check and each batch's own CRC-32C."""
+    path = rsm.path_of(rsm._key(partition.segments[0], ObjectType.MANIFEST))
+    body = json.loads(path.read_bytes())
+    for name in ("blocks", "block_bytes"):
+        del body["objects"]["log"][name]
+    path.write_bytes(json.dumps(body).encode())
+    rsm._forget(partition.segments[0])  # the manifest the copy left in its cache
+
+
 def _damage_batch(rsm, partition: Partition, index: int, damage) -> None:
-    """`damage(stored, position)` on the stored `.log` of the one segment, at batch `index`."""
+    """`damage(stored, position)` on the stored `.log` of the one segment, at batch `index`;
+    the segment's manifest is an older one (no block checksums), so that what the record
+    batches' own checks do shows."""
+    _without_block_checksums(rsm, partition)
     path = rsm.path_of(rsm._key(partition.segments[0], ObjectType.LOG))
     stored = bytearray(path.read_bytes())
     damage(stored, sum(len(b.data) for b in partition.batches[:index]))
@@ -423,4 +439,35 @@ async def test_a_corrupt_batch_length_serves_the_intact_batches_before_it(tmp_pa
             await reader.read(partition.tp, victim.base_offset, 1 << 20, min_one_batch=True)
         assert metrics.value("tierproxy_remote_read_errors_total",
                              {"topic": partition.tp.topic, "reason": "corrupt"}) == 1
+        await close(reader)
+
+
+async def test_block_checksums_refuse_a_same_size_change_that_keeps_the_batch_crc(tmp_path: Path) -> None:
+    """One value byte changed and its batch's CRC-32C recomputed: the batch checks pass,
+    the manifest's block CRC-32C does not. Nothing of the block is served or cached, it is
+    counted, and the restored object is served again without a restart."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        path = rsm.path_of(rsm._key(partition.segments[0], ObjectType.LOG))
+        good = path.read_bytes()
+        position = sum(len(b.data) for b in partition.batches[:12])
+        tampered = bytearray(good)
+        tampered[position + HEADER_SIZE + 3] ^= 0x01
+        crc_start = position + 21  # the batch CRC-32C covers attributes .. end
+        tampered[position + 17:crc_start] = crc32c.crc32c(bytes(tampered[crc_start:position + len(
+            partition.batches[12].data)])).to_bytes(4, "big")
+        assert crc_valid(bytes(tampered), next(h for h in iter_batches(bytes(tampered)) if h.position == position))
+        path.write_bytes(bytes(tampered))
+
+        metrics = RemoteMetrics()
+        reader = make_reader(rsm, rlmm, metrics=metrics)
+        for _ in range(2):
+            with pytest.raises(CorruptRemoteSegment, match="fails its CRC-32C in the manifest"):
+                await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+        assert len(reader.chunk_cache) == 0
+        assert metrics.value("tierproxy_remote_read_errors_total",
+                             {"topic": partition.tp.topic, "reason": "corrupt"}) == 2
+        path.write_bytes(good)
+        result = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+        assert b"".join(result.records) == b"".join(b.data for b in partition.batches)
         await close(reader)

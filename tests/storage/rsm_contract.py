@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from storage.manifest import BLOCK_BYTES
 from storage.model import (
     IndexType,
     LogSegmentData,
@@ -265,7 +266,8 @@ class RemoteStorageManagerContract(abc.ABC):
         assert b"".join(chunks) == segment.log
         # Streamed in chunks, never as one piece.
         assert len(chunks) > 1
-        assert max(map(len, chunks)) <= rsm.chunk_bytes
+        # A piece is at most a checksum block (verified whole before it is passed on) or a chunk.
+        assert max(map(len, chunks)) <= max(rsm.chunk_bytes, BLOCK_BYTES)
         middle = await read_all(rsm, segment.metadata, 5_000_000, 7_654_321)
         assert middle == segment.log[5_000_000:7_654_322]
         manifest = await rsm.verify_segment(segment.metadata, check_crc=True)

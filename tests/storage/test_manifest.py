@@ -167,3 +167,26 @@ def test_chunked_crc_equals_whole_crc(chunks: list[bytes]) -> None:
     for chunk in chunks:
         acc.update(memoryview(chunk))
     assert acc.entry() == entry_of(b"".join(chunks))
+
+
+def test_block_checksums_round_trip_and_cover_the_object():
+    from storage.manifest import BLOCK_BYTES
+
+    data = bytes(range(256)) * (BLOCK_BYTES // 256 * 2 + 7)  # two whole blocks and a short one
+    acc = Crc32cAccumulator()
+    for i in range(0, len(data), 100_003):  # chunks that straddle block boundaries
+        acc.update(data[i:i + 100_003])
+    entry = acc.entry()
+    assert entry.block_bytes == BLOCK_BYTES
+    assert entry.blocks == tuple(crc32c.crc32c(data[i:i + BLOCK_BYTES]) for i in range(0, len(data), BLOCK_BYTES))
+    assert len(entry.blocks) == 3 and entry == entry_of(data)
+    decoded = Manifest.decode(Manifest(SEGMENT_ID, 0, 9, {"log": entry}).encode()).entry("log")
+    assert (decoded.blocks, decoded.block_bytes) == (entry.blocks, BLOCK_BYTES)
+
+
+def test_a_manifest_without_blocks_still_reads_and_bad_blocks_are_corrupt():
+    old = _valid()  # as written before block checksums existed
+    assert Manifest.decode(json.dumps(old).encode()).entry("log").blocks == ()
+    old["objects"]["log"].update(block_bytes=2, blocks="AAAAAA==")  # one CRC for a 3-byte object in 2-byte blocks
+    with pytest.raises(CorruptRemoteSegment, match="block checksums do not cover 3 bytes"):
+        Manifest.decode(json.dumps(old).encode())
