@@ -306,6 +306,28 @@ _define("proxy.broker.port.base", int, 9193,
         "The listener of broker node N is this port + N.", "proxy", validator=Range(0, 65535))
 _define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
         validator=Range(1))
+_define("max.pending.response.bytes.per.connection", int, MIB,
+        "Response bytes a client has not read yet above which the proxy stops reading its requests "
+        "(and its broker's responses) until they drained.", "connection limits", validator=Range(1024))
+_define("max.in.flight.requests.per.connection", int, 100,
+        "Requests read from one client and not answered yet; at the limit the proxy stops reading "
+        "that client until a response went out.", "connection limits", validator=Range(1))
+_define("sasl.server.max.receive.size", int, 524_288,
+        "Largest frame before SASL authentication completed (with security.protocol SASL_*).",
+        "connection limits", validator=Range(1))
+_define("connections.max.idle.ms", int, 600_000,
+        "A client connection with nothing received, sent or owed for this long is closed.",
+        "connection limits", validator=Range(1))
+_define("request.receive.timeout.ms", int, 30_000,
+        "A request frame begun but not complete after this long closes the connection "
+        "(a client gives up on a request after its request.timeout.ms, 30 s by default).",
+        "connection limits", validator=Range(1))
+_define("max.connections", int, 2**31 - 1,
+        "Client connections the proxy accepts at once, all listeners together; over it a new "
+        "connection is closed at once.", "connection limits", validator=Range(0))
+_define("max.connections.per.ip", int, 2**31 - 1,
+        "Client connections from one IP address at once; over it a new connection is closed at once.",
+        "connection limits", validator=Range(0))
 _define("remote.log.index.file.cache.total.size.bytes", int, GIB,
         "Bytes of remote indexes cached in memory (Kafka's name; the KIP's `.size.mb` is accepted too).",
         "proxy", validator=Range(0), alias="remote.log.index.file.cache.total.size.mb",
@@ -324,6 +346,10 @@ _define("remote.log.reader.max.pending.tasks", int, 100,
         validator=Range(1))
 _define("remote.fetch.max.wait.ms", int, 500,
         "How long a fetch waits for remote data before returning empty records for it.", "proxy",
+        validator=Range(1))
+_define("remote.fetch.max.bytes", int, 8 * MIB,
+        "Most bytes of remote records in one Fetch response (the first partition with data always "
+        "gets one whole batch). Kafka's own tiered storage serves one partition per Fetch.", "proxy",
         validator=Range(1))
 _define("tiered.storage.not.available.error.code", int, -1,
         "Kafka error code sent when remote data cannot be read (UNKNOWN_SERVER_ERROR -1, "

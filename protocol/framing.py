@@ -84,6 +84,13 @@ class FrameDecoder:
     def max_frame_bytes(self) -> int:
         return self._max_frame_bytes
 
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        """A new limit applies to the frame being received too (its prefix is re-read)."""
+        if not 0 <= value <= _MAX_SIZE:
+            raise ValueError(f"max_frame_bytes must be in [0, {_MAX_SIZE}], got {value}")
+        self._max_frame_bytes = value
+
     @property
     def pending_bytes(self) -> int:
         """Bytes received that do not yet form a whole frame."""

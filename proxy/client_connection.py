@@ -5,11 +5,26 @@ the bootstrap brokers, a client on node N's listener a connection to node N. SAS
 and ACLs therefore apply to the client's own identity, and correlation ids pass
 through unchanged.
 
+The connection behaves like a broker's channel:
+
+- Order: requests are dispatched one by one in the order the client sent them. A
+  request an interceptor handles mutes the connection until its response is ready,
+  so nothing the client sent later reaches the broker before the interceptor's own
+  requests do. Requests passed through are pipelined (the broker orders them itself).
+  Responses go back in request order (``ResponseOrderer``).
+- Backpressure: the proxy stops reading a client while a request waits to be
+  dispatched, while more than ``max.pending.response.bytes.per.connection`` of
+  responses are unsent to it, while ``max.in.flight.requests.per.connection``
+  requests are unanswered, or while the broker is not reading. A client that does
+  not read its responses therefore holds at most one response beyond that bound.
+- Limits: ``socket.request.max.bytes`` per frame, ``sasl.server.max.receive.size``
+  and only SASL requests until a SASL listener's authentication completed
+  (``SaslGate``), ``connections.max.idle.ms`` and ``request.receive.timeout.ms``
+  (checked by the server, ``check_timeouts``).
+
 Both sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder. A
 forwarded request is never decoded; its header is peeked for the API key, version
-and correlation id. Responses go back in request order (``ResponseOrderer``).
-Backpressure runs both ways: when one side's write buffer is over its high-water
-mark the other side stops reading until it drained.
+and correlation id.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ import collections
 import logging
 import socket
 import struct
+import time
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,7 +53,8 @@ from protocol.headers import (
     skip_tagged_fields,
 )
 
-from .handlers import ConnectionContext, Interceptor
+from .authentication import SaslGate, UnauthenticatedRequest
+from .handlers import ConnectionContext, Interceptor, InvalidRequest
 from .ordering import ResponseOrderer, ResponseSlot
 
 if TYPE_CHECKING:
@@ -49,9 +66,8 @@ __all__ = ("ClientConnection", "UpstreamClosed", "produce_acks")
 
 log = logging.getLogger(__name__)
 
-# Write buffers above this stop the other side's reads; a few fetch responses' worth.
+# The broker side's write buffer above this stops the client's reads.
 WRITE_HIGH_WATER = 1024 * 1024
-WRITE_LOW_WATER = 256 * 1024
 # Responses are as large as the client's fetch.max.bytes asks; only the int32 bounds them.
 MAX_RESPONSE_BYTES = 2**31 - 1
 
@@ -144,12 +160,12 @@ class _Upstream(asyncio.Protocol):
         self.owner.unblock_client_reads("upstream write buffer full")
 
 
-def _tune(transport: asyncio.BaseTransport) -> None:
+def _tune(transport: asyncio.BaseTransport, high_water: int = WRITE_HIGH_WATER) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         # Kafka requests and responses are small and latency-bound.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)  # type: ignore[attr-defined]
+    transport.set_write_buffer_limits(high=high_water, low=high_water // 4)  # type: ignore[attr-defined]
 
 
 def _as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
@@ -166,32 +182,48 @@ class ClientConnection(asyncio.Protocol):
         self.node_id = node_id
         self.listener = "bootstrap" if node_id is None else f"node-{node_id}"
         self.peer = "?"
+        self.ip = "?"
         self.ctx: ConnectionContext | None = None
         services = server.services
+        config = services.config
         self._interceptors = services.interceptors
         self._metrics = services.metrics
-        self._decoder = FrameDecoder(services.config["socket.request.max.bytes"])
+        self._max_pending_response_bytes: int = config["max.pending.response.bytes.per.connection"]
+        self._max_in_flight: int = config["max.in.flight.requests.per.connection"]
+        self._sasl = SaslGate() if config["security.protocol"].startswith("SASL_") else None
+        self._decoder = FrameDecoder(
+            config["socket.request.max.bytes"] if self._sasl is None else config["sasl.server.max.receive.size"])
         self._client: asyncio.Transport | None = None
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
         self._in_flight: collections.deque[_InFlight] = collections.deque()
+        # Requests read but not dispatched yet: behind a request being handled, or
+        # waiting for the client to read its responses.
+        self._waiting: collections.deque[memoryview] = collections.deque()
+        self._handling = False  # an interceptor has the connection muted
+        self._client_behind = False  # more unsent responses than the bound
         self._tasks: set[asyncio.Task[Any]] = set()
         self._read_blockers: set[str] = set()
-        # Requests read before the broker connection exists (a transport may deliver
-        # data despite pause_reading() in connection_made).
-        self._early: list[memoryview] | None = []
         self._closed = False
+        self._last_activity = time.monotonic()
+        self._frame_started: float | None = None  # when the frame being received began
 
     # --- client side -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._client = transport  # type: ignore[assignment]
-        _tune(transport)
+        _tune(transport, self._max_pending_response_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.ip = peer[0] if isinstance(peer, tuple) else str(peer)
         self._metrics.connections.labels(self.listener).inc()
+        refusal = self.server.connection_opened(self)
+        if refusal is not None:
+            self._closed = True
+            self._metrics.connections_rejected.labels(refusal).inc()
+            transport.abort()
+            return
         self._metrics.connections_active.labels(self.listener).inc()
-        self.server.connection_opened(self)
         # Nothing is read until the broker connection exists to forward it to.
         self.block_client_reads("connecting to broker")
         self._spawn(self._connect_upstream())
@@ -210,48 +242,56 @@ class ClientConnection(asyncio.Protocol):
             self._upstream = upstream
             self.ctx = ConnectionContext(
                 peer=self.peer, node_id=self.node_id, broker=(host, port), services=self.server.services)
-            early, self._early = self._early, None
-            for body in early or ():
-                if self._closed:
-                    return
-                self._on_request(body)
             self.unblock_client_reads("connecting to broker")
+            self._dispatch_waiting()
             return
         self.close("cannot connect to the broker: " + ("; ".join(errors) or "no broker address known"),
                    level=logging.WARNING)
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
         self._metrics.client_bytes_in.inc(len(data))
+        now = self._last_activity = time.monotonic()
+        decoder = self._decoder
         try:
-            frames = self._decoder.feed(data)
+            frames = decoder.feed(data)
         except FrameError as e:
-            self.close(f"bad frame: {e}", level=logging.WARNING)
+            self.close(f"bad frame: {e}", level=logging.WARNING, label="bad_request")
             return
-        if self._early is not None:
-            self._early.extend(frames)
-            return
-        for body in frames:
-            if self._closed:
-                return
-            self._on_request(body)
+        if not decoder.pending_bytes:
+            self._frame_started = None
+        elif frames or self._frame_started is None:
+            self._frame_started = now
+        if frames:
+            self._waiting.extend(frames)
+            self._dispatch_waiting()
 
     def eof_received(self) -> bool:
         try:
             self._decoder.at_eof()
         except FrameError as e:
-            self.close(f"bad frame at end of stream: {e}", level=logging.WARNING)
+            self.close(f"bad frame at end of stream: {e}", level=logging.WARNING, label="bad_request")
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.close(f"client connection lost ({exc})" if exc else None, level=logging.INFO)
 
     def pause_writing(self) -> None:
+        # The client is not reading: neither its requests nor its broker's responses are.
+        self._client_behind = True
+        self.block_client_reads("responses unsent")
         if self._upstream is not None and self._upstream.transport is not None:
             self._upstream.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self._upstream is not None and self._upstream.transport is not None and not self._closed:
+        self._client_behind = False
+        if self._closed:
+            return
+        if self._upstream is not None and self._upstream.transport is not None:
             self._upstream.transport.resume_reading()
+        self.unblock_client_reads("responses unsent")
+        self._dispatch_waiting()
 
     def block_client_reads(self, reason: str) -> None:
         if not self._read_blockers and self._client is not None and not self._closed:
@@ -259,31 +299,71 @@ class ClientConnection(asyncio.Protocol):
         self._read_blockers.add(reason)
 
     def unblock_client_reads(self, reason: str) -> None:
+        if reason not in self._read_blockers:
+            return
         self._read_blockers.discard(reason)
         if not self._read_blockers and self._client is not None and not self._closed:
             self._client.resume_reading()
+            # Time the proxy spent not reading is not the client's.
+            self._last_activity = time.monotonic()
+            if self._frame_started is not None:
+                self._frame_started = self._last_activity
+
+    def check_timeouts(self, now: float, idle_s: float, receive_s: float) -> None:
+        """Close the connection if it is idle, or if a frame is stuck half-received."""
+        if self._closed or self._read_blockers:
+            return  # the proxy itself is not reading, or is still connecting
+        started = self._frame_started
+        if started is not None and now - started > receive_s:
+            self.close(f"request not complete within request.receive.timeout.ms ({receive_s * 1000:.0f} ms): "
+                       f"{self._decoder.pending_bytes} bytes of a frame so far", level=logging.WARNING,
+                       label="timeout")
+        elif not self._orderer and not self._handling and now - self._last_activity > idle_s:
+            self.close(f"idle for connections.max.idle.ms ({idle_s * 1000:.0f} ms)", label="idle")
 
     # --- requests ----------------------------------------------------------------------
+
+    def _dispatch_waiting(self) -> None:
+        """Dispatch waiting requests in order as far as the channel's limits allow; the
+        client is not read while any must wait."""
+        waiting = self._waiting
+        while waiting and not self._closed:
+            if (self._handling or self._client_behind or self._upstream is None
+                    or len(self._orderer) >= self._max_in_flight):
+                break
+            self._on_request(waiting.popleft())
+        if self._closed:
+            return
+        if waiting:
+            self.block_client_reads("requests waiting")
+        else:
+            self.unblock_client_reads("requests waiting")
 
     def _on_request(self, body: memoryview) -> None:
         try:
             header = peek_request_header(body)
+            if self._sasl is not None:
+                self._sasl.check_request(header, body)
             # acks=0: the broker sends no response, so none may be waited for.
             if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
                 self._metrics.forwarded(header.api_key)
                 self._send_upstream(encode_frame(body), None)
                 return
         except ProtocolError as e:
-            self.close(f"malformed request: {e}", level=logging.WARNING)
+            self.close(f"malformed request: {e}", level=logging.WARNING, label="bad_request")
+            return
+        except UnauthenticatedRequest as e:
+            self.close(str(e), level=logging.WARNING, label="unauthenticated")
             return
         slot = self._orderer.reserve(header.api_key, header.correlation_id)
         interceptor = self._interceptors.lookup(header.api_key, header.api_version)
-        if interceptor is None:
+        if interceptor is None or (self._sasl is not None and not self._sasl.authenticated):
             self._metrics.forwarded(header.api_key)
             self._send_upstream(
                 encode_frame(body), _InFlight(header.correlation_id, header.api_key, header.api_version, slot, None))
         else:
             self._metrics.intercepted(header.api_key)
+            self._handling = True
             self._spawn(self._intercept(interceptor, header, body, slot))
 
     async def _intercept(
@@ -295,13 +375,20 @@ class ClientConnection(asyncio.Protocol):
             parts = self._response_frame(header, response)
         except UpstreamClosed:
             return  # the connection is closing; its log line says why
+        except InvalidRequest as e:
+            self.close(f"malformed {_api(header.api_key)} v{header.api_version} request "
+                       f"(correlation id {header.correlation_id}): {e}", level=logging.WARNING, label="bad_request")
+            return
         except Exception as e:
             log.exception("client %s (%s): %r failed on %s v%d (correlation id %d)", self.peer, self.listener,
                           interceptor, _api(header.api_key), header.api_version, header.correlation_id)
             self.close(f"{type(interceptor).__name__} failed: {type(e).__name__}: {e}", level=logging.ERROR)
             return
-        if not self._closed:
-            self._orderer.complete(slot, parts)
+        if self._closed:
+            return
+        self._handling = False
+        self._orderer.complete(slot, parts)
+        self._dispatch_waiting()
 
     def _response_frame(self, header: RequestHeader, response: Any) -> list[Buffer]:
         if hasattr(response, "__api_key__"):  # a kio response object
@@ -353,6 +440,10 @@ class ClientConnection(asyncio.Protocol):
                        f"({_api(in_flight.api_key)})", level=logging.ERROR)
             return
         if in_flight.slot is not None:
+            if in_flight.api_key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
+                self._on_authenticate_response(in_flight.api_version, body)
+                if self._closed:
+                    return
             self._orderer.complete(in_flight.slot, encode_frame(body))
             return
         future = in_flight.future
@@ -370,11 +461,28 @@ class ClientConnection(asyncio.Protocol):
             return
         future.set_result(body[offset:])
 
+    def _on_authenticate_response(self, api_version: int, body: memoryview) -> None:
+        assert self._sasl is not None
+        try:
+            if self._sasl.on_authenticate_response(api_version, body):
+                self._decoder.max_frame_bytes = self.server.services.config["socket.request.max.bytes"]
+        except ProtocolError as e:
+            self.close(f"bad SaslAuthenticate response from broker: {e}", level=logging.ERROR)
+
     def _write_client(self, parts: Sequence[Buffer]) -> None:
-        if self._client is None or self._closed:
+        client = self._client
+        if client is None or self._closed:
             return
+        self._last_activity = time.monotonic()
         self._metrics.client_bytes_out.inc(sum(len(part) for part in parts))  # type: ignore[arg-type]
-        self._client.writelines(parts)
+        if len(parts) > 2 and client.get_write_buffer_size():
+            # Queued behind unsent bytes, slices would keep whole remote chunks and
+            # broker responses alive until sent: queue a copy instead.
+            client.write(b"".join(parts))  # type: ignore[arg-type]
+        else:
+            client.writelines(parts)
+        if self._waiting and len(self._orderer) < self._max_in_flight:
+            asyncio.get_running_loop().call_soon(self._dispatch_waiting)
 
     # --- closing -----------------------------------------------------------------------
 
@@ -383,7 +491,8 @@ class ClientConnection(asyncio.Protocol):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def close(self, reason: str | None = None, *, level: int = logging.INFO, flush: bool = False) -> None:
+    def close(self, reason: str | None = None, *, level: int = logging.INFO, flush: bool = False,
+              label: str | None = None) -> None:
         """Close both sides. ``flush`` lets the client read what was already written to
         it (a broker's last answer, e.g. a failed authentication); a bad frame aborts."""
         if self._closed:
@@ -392,7 +501,7 @@ class ClientConnection(asyncio.Protocol):
         if reason is not None:
             log.log(level, "client %s (%s): closing: %s", self.peer, self.listener, reason)
         self._metrics.connections_active.labels(self.listener).dec()
-        self._metrics.connections_closed.labels(_reason_label(reason, level)).inc()
+        self._metrics.connections_closed.labels(label or _reason_label(reason, level)).inc()
         self.server.connection_closed(self)
         self._orderer.clear()
         error = UpstreamClosed(reason or "client closed the connection")
@@ -416,8 +525,6 @@ class ClientConnection(asyncio.Protocol):
 def _reason_label(reason: str | None, level: int) -> str:
     if reason is None or level <= logging.INFO:
         return "closed"
-    if reason.startswith(("bad frame", "malformed")):
-        return "bad_request"
     if reason.startswith("cannot connect"):
         return "broker_unreachable"
     return "error"

@@ -36,6 +36,9 @@ class ProxyMetrics:
         self.connections_closed = Counter(
             "tierproxy_connections_closed", "Client connections closed, by reason.",
             ["reason"], registry=self.registry)
+        self.connections_rejected = Counter(
+            "tierproxy_connections_rejected", "Client connections closed on accept, by the limit reached "
+            "(max.connections, max.connections.per.ip).", ["limit"], registry=self.registry)
         self.requests_forwarded = Counter(
             "tierproxy_requests_forwarded", "Client requests forwarded to a broker unchanged, by API.",
             ["api"], registry=self.registry)

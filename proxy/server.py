@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,12 @@ class ProxyServer:
         self._servers: dict[int | None, asyncio.Server] = {}
         self._listen_lock = asyncio.Lock()
         self._connections: set[ClientConnection] = set()
+        self._per_ip: dict[str, int] = {}
+        self._max_connections: int = config["max.connections"]
+        self._max_connections_per_ip: int = config["max.connections.per.ip"]
+        self._idle_s = config["connections.max.idle.ms"] / 1000
+        self._receive_s = config["request.receive.timeout.ms"] / 1000
+        self._reaper: asyncio.Task[None] | None = None
         self._started = False
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -68,6 +75,7 @@ class ProxyServer:
         ask a broker for the cluster's nodes and open their listeners."""
         await self.services.interceptors.start()
         self._started = True
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._servers[None] = await self._listen(None, self.config["proxy.bootstrap.port"])
         if discover:
             await self._discover()
@@ -77,6 +85,9 @@ class ProxyServer:
         self._servers.clear()
         for server in servers:
             server.close()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         for connection in list(self._connections):
             connection.close("the proxy is shutting down", flush=True)
         for server in servers:
@@ -154,17 +165,41 @@ class ProxyServer:
 
     # --- connections -------------------------------------------------------------------
 
-    def connection_opened(self, connection: ClientConnection) -> None:
+    def connection_opened(self, connection: ClientConnection) -> str | None:
+        """Admit a new client connection, or name the limit (max.connections,
+        max.connections.per.ip) that refuses it."""
+        if len(self._connections) >= self._max_connections:
+            return "max.connections"
+        per_ip = self._per_ip.get(connection.ip, 0)
+        if per_ip >= self._max_connections_per_ip:
+            return "max.connections.per.ip"
+        self._per_ip[connection.ip] = per_ip + 1
         self._connections.add(connection)
+        return None
 
     def connection_closed(self, connection: ClientConnection) -> None:
-        self._connections.discard(connection)
+        if connection in self._connections:
+            self._connections.remove(connection)
+            left = self._per_ip[connection.ip] - 1
+            if left:
+                self._per_ip[connection.ip] = left
+            else:
+                del self._per_ip[connection.ip]
 
     @property
     def connection_count(self) -> int:
         return len(self._connections)
 
     # --- internals ---------------------------------------------------------------------
+
+    async def _reap(self) -> None:
+        """Close idle connections and ones stuck inside a frame, a few times per timeout."""
+        tick = min(1.0, self._idle_s / 4, self._receive_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for connection in list(self._connections):
+                connection.check_timeouts(now, self._idle_s, self._receive_s)
 
     def _bound_port(self, node_id: int | None) -> int:
         return self._servers[node_id].sockets[0].getsockname()[1]

@@ -20,6 +20,8 @@ what it returns once every older response of the connection went out.
   sequence of them (written with ``writelines``, never joined). The connection adds
   the response header with the client's correlation id.
 - An exception closes that client connection with a log line; nothing else is hurt.
+  A request that does not parse (``decode_client_request`` raises InvalidRequest)
+  is the client's fault: one WARN line, counted as ``bad_request``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from protocol.codecs import decode_request
+from protocol.errors import DecodeError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -45,9 +50,11 @@ __all__ = (
     "Forward",
     "Interceptor",
     "InterceptorRegistry",
+    "InvalidRequest",
     "NodeDirectory",
     "ProxyServices",
     "Response",
+    "decode_client_request",
 )
 
 Forward = Callable[["Buffer | Sequence[Buffer]"], Awaitable[memoryview]]
@@ -55,6 +62,19 @@ Forward = Callable[["Buffer | Sequence[Buffer]"], Awaitable[memoryview]]
 
 Response = Any
 """A kio response object, or the response payload as a bytes-like object or a sequence of them."""
+
+
+class InvalidRequest(Exception):
+    """The client's request does not parse. Like a broker, the proxy closes the
+    connection (with one WARN line; the client's bytes are no proxy fault)."""
+
+
+def decode_client_request(header: RequestHeader, frame_body: memoryview) -> Any:
+    """The payload of a client's request as a kio object, or InvalidRequest."""
+    try:
+        return decode_request(header.api_key, header.api_version, frame_body[header.header_size:])
+    except DecodeError as e:
+        raise InvalidRequest(str(e)) from None
 
 
 class NodeDirectory(Protocol):

@@ -26,14 +26,14 @@ from typing import Any
 from kio.static.primitive import i32, i64
 
 from protocol.apis import ApiKey, ErrorCode, OffsetSpec
-from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, make_entity
+from protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity
 from protocol.codecs import request_schema, response_schema
 from protocol.headers import RequestHeader
 from storage.errors import MetadataNotReady, RemoteStorageError
 from storage.model import TopicIdPartition
 
 from ..tiered import RemoteTier
-from . import ConnectionContext, Forward, Interceptor, Response
+from . import ConnectionContext, Forward, Interceptor, Response, decode_client_request
 from .api_versions import BROKER_VERSIONS_KEY
 from .broker_queries import BrokerQueries, connection_state
 
@@ -58,7 +58,7 @@ class ListOffsetsInterceptor(Interceptor):
         self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
     ) -> Response:
         version = header.api_version
-        request = decode_request(ApiKey.LIST_OFFSETS, version, frame_body[header.header_size:])
+        request = decode_client_request(header, frame_body)
         broker_max = ctx.state.get(BROKER_VERSIONS_KEY, {}).get(ApiKey.LIST_OFFSETS, (0, version))[1]
         send_version = min(version, broker_max)
 

@@ -136,7 +136,7 @@ def test_responses_come_back_in_request_order(run):
         reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
         try:
             # One write: the intercepted request and the pass-through ones behind it
-            # arrive together, so the pass-through ones reach the broker first.
+            # arrive together.
             writer.writelines([
                 *_request(ApiKey.LIST_OFFSETS, 1, 1),
                 *_request(ApiKey.METADATA, 1, 2),
@@ -155,10 +155,42 @@ def test_responses_come_back_in_request_order(run):
             struct.pack(">i", 5) + b"slow:answer-5",
             struct.pack(">i", 6) + b"answer-6",
         ]
-        # The broker did see the pass-through requests before the intercepted one's forward.
-        assert FakeBroker.seen.index(2) < FakeBroker.seen.index(1)
+        # The broker saw every request in client order: the pass-through ones behind an
+        # intercepted request waited for it, as behind a broker's muted channel.
+        assert FakeBroker.seen == [1, 2, 3, 4, 5, 6]
 
     _with_fake_broker(run, SlowListOffsets(), body)
+
+
+class QueryingListOffsets(Interceptor):
+    """Forwards the client's request, then later asks the broker something of its own,
+    as the Fetch handler asks for a partition's log start offset."""
+
+    api_key = ApiKey.LIST_OFFSETS
+    versions = range(1, 2)
+
+    async def handle(self, ctx: ConnectionContext, header: Any, frame_body: memoryview, forward: Forward) -> Any:
+        payload = await forward(frame_body)
+        await asyncio.sleep(0.1)
+        query = encode_request_header(ApiKey.METADATA, 1, -header.correlation_id, "ordering-test", 1)
+        await forward(query)
+        return [b"queried:", bytes(payload)]
+
+
+@RUNNERS
+def test_requests_behind_an_intercepted_one_reach_the_broker_after_its_own_queries(run):
+    async def body(server: ProxyServer) -> None:
+        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
+        try:
+            writer.writelines([*_request(ApiKey.LIST_OFFSETS, 1, 1), *_produce_v3(2, acks=1),
+                               *_request(ApiKey.METADATA, 1, 3)])
+            responses = await _read_responses(reader, 3)
+        finally:
+            writer.close()
+        assert [r[:4] for r in responses] == [struct.pack(">i", i) for i in (1, 2, 3)]
+        assert FakeBroker.seen == [1, -1, 2, 3]
+
+    _with_fake_broker(run, QueryingListOffsets(), body)
 
 
 @RUNNERS

@@ -1,0 +1,84 @@
+"""Where a client connection stands in SASL authentication, as the broker sees it.
+
+On a SASL listener a broker accepts only ApiVersions, SaslHandshake and
+SaslAuthenticate until authentication is complete, closes the connection on any
+other request, and reads frames of at most ``sasl.server.max.receive.size`` until
+then (SaslServerAuthenticator). The proxy applies the same rules before it forwards
+anything, so an unauthenticated client can neither make it hold large frames nor
+have a request answered by an interceptor.
+
+The proxy never sees the SASL exchange's outcome in clear, only SaslAuthenticate
+error codes: authentication is complete after as many successful rounds as the
+mechanism takes (PLAIN and OAUTHBEARER one, SCRAM two). A mechanism whose number of
+rounds is not fixed (GSSAPI) counts as authenticated after its first successful
+round; the broker still closes the connection if it was not.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from protocol.apis import ApiKey
+from protocol.errors import DecodeError
+from protocol.headers import RequestHeader, parse_response_header, response_header_version
+
+from .metrics import api_name
+
+__all__ = ("SaslGate", "UnauthenticatedRequest")
+
+_INT16 = struct.Struct(">h")
+_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
+_ALLOWED = frozenset((ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE))
+
+
+class UnauthenticatedRequest(Exception):
+    """A request other than ApiVersions or SASL before authentication completed."""
+
+
+class SaslGate:
+    """The authentication state of one client connection on a SASL listener."""
+
+    __slots__ = ("mechanism", "rounds", "authenticated")
+
+    def __init__(self) -> None:
+        self.mechanism = ""
+        self.rounds = 0
+        self.authenticated = False
+
+    def check_request(self, header: RequestHeader, body: memoryview) -> None:
+        """Refuse what the broker refuses before authentication; note the mechanism."""
+        if self.authenticated:
+            return
+        if header.api_key not in _ALLOWED:
+            raise UnauthenticatedRequest(
+                f"{api_name(header.api_key)} request before SASL authentication completed")
+        if header.api_key == ApiKey.SASL_HANDSHAKE:
+            self.mechanism = _handshake_mechanism(body, header.header_size)
+            self.rounds = 0
+
+    def on_authenticate_response(self, api_version: int, body: memoryview) -> bool:
+        """Count a SaslAuthenticate response; True when authentication just completed."""
+        if self.authenticated:
+            return False
+        header_version = response_header_version(ApiKey.SASL_AUTHENTICATE, api_version)
+        if header_version is None:
+            raise DecodeError(f"no response header version for SASL_AUTHENTICATE v{api_version}")
+        _, offset = parse_response_header(body, header_version)
+        if offset + 2 > len(body):
+            raise DecodeError("SaslAuthenticate response ends before its error code")
+        if _INT16.unpack_from(body, offset)[0] != 0:
+            return False  # the broker closes the connection after a failed round
+        self.rounds += 1
+        if self.rounds >= _ROUNDS.get(self.mechanism, 1):
+            self.authenticated = True
+        return self.authenticated
+
+
+def _handshake_mechanism(body: memoryview, pos: int) -> str:
+    # SaslHandshake v0-v1 (not flexible): mechanism as an int16-length string.
+    if pos + 2 > len(body):
+        raise DecodeError("SaslHandshake request ends before its mechanism")
+    (length,) = _INT16.unpack_from(body, pos)
+    if length < 0 or pos + 2 + length > len(body):
+        raise DecodeError(f"SaslHandshake mechanism of {length} bytes does not fit the request")
+    return bytes(body[pos + 2: pos + 2 + length]).decode("utf-8", "replace").upper()
