@@ -55,6 +55,9 @@ class TierConnectionState:
     # OFFSET_OUT_OF_RANGE for an offset below its local log start on this connection.
     proven: dict[tuple[uuid.UUID, int], PartitionOffsets] = field(default_factory=dict)
     correlation_ids: itertools.count = field(default_factory=lambda: itertools.count(-1, -1))
+    #: where the next Fetch starts reading remote partitions, so that each gets its turn
+    #: when remote.fetch.max.bytes does not fit them all
+    remote_rotation: int = 0
 
     def next_correlation_id(self) -> int:
         correlation_id = next(self.correlation_ids)

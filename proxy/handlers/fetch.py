@@ -20,8 +20,15 @@ aiokafka) treats as "no session": its next request is a full fetch again. Partit
 served remotely then never confuse a broker-side session.
 
 Remote partitions are read concurrently on the reader pool, each within its
-partition_max_bytes and what is left of the response's max_bytes, the first
-partition with data getting at least one whole batch (KIP-74).
+partition_max_bytes, all of them within what is left of the response's max_bytes and
+at most `remote.fetch.max.bytes`; the first partition read gets at least one whole
+batch (KIP-74). When that bound does not fit them all, the next Fetch on the
+connection starts with the partitions left out, so each gets its turn.
+
+Kafka answers a Fetch as soon as `min_bytes` are available. When partitions are read
+remotely without asking the broker, the broker is asked for the rest without waiting;
+only if remote and local bytes together stay under `min_bytes` is it asked again,
+for what is left of `max_wait_ms`.
 
 The broker's response is never decoded by kio unless it names brokers (node endpoints,
 v16+): a scan of its partitions' error codes tells whether any is OFFSET_OUT_OF_RANGE,
@@ -34,14 +41,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from kio.static.primitive import i32
+from kio.static.primitive import i32, i32Timedelta
 
 from protocol.apis import ApiKey, ErrorCode
-from protocol.codecs import INTERCEPTED, decode_request, decode_response, encode_request, encode_response
+from protocol.codecs import INTERCEPTED, decode_response, encode_request, encode_response
 from protocol.headers import RequestHeader, parse_response_header, response_header_version
 from storage.errors import MetadataNotReady
 from storage.model import TopicIdPartition
@@ -49,30 +58,40 @@ from storage.model import TopicIdPartition
 from ..reader_pool import ReadOutcome
 from ..remote_read import RemoteReadResult
 from ..tiered import RemoteTier
-from . import ConnectionContext, Forward, Interceptor, Response
+from . import ConnectionContext, Forward, Interceptor, Response, decode_client_request
 from .addresses import rewrite_node_endpoints
 from .broker_queries import BrokerQueries, PartitionOffsets, TierConnectionState, connection_state
-from .fetch_wire import RemotePartition, ScannedResponse, encode_fetch_response, scan_fetch_response
+from .fetch_wire import (
+    RemotePartition,
+    ScannedResponse,
+    compact_records,
+    encode_fetch_response,
+    scan_fetch_response,
+)
 
 log = logging.getLogger("tierproxy.fetch")
 
 READ_COMMITTED = 1
 _NO_SESSION = 0
 _SESSIONLESS_EPOCH = -1  # KIP-227's FINAL_EPOCH with session id 0: a full fetch, no session
+_MS = datetime.timedelta(milliseconds=1)
+_NO_WAIT = i32Timedelta.parse(datetime.timedelta(0))
 
 
 class _Remote:
     """One partition the remote tier answers in this request."""
 
-    __slots__ = ("topic_key", "request", "tp", "offsets", "outcome", "error")
+    __slots__ = ("topic_key", "request", "tp", "offsets", "outcome", "error", "min_one_batch", "answer")
 
     def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets) -> None:
         self.topic_key = topic_key
         self.request = request
         self.tp = tp
         self.offsets = offsets
-        self.outcome: ReadOutcome[RemoteReadResult] | None = None
+        self.outcome: ReadOutcome[RemoteReadResult] | None = None  # None: not read this time
         self.error: ErrorCode | None = None
+        self.min_one_batch = False
+        self.answer: RemotePartition | None = None
 
 
 class FetchInterceptor(Interceptor):
@@ -81,6 +100,7 @@ class FetchInterceptor(Interceptor):
 
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
+        self.remote_max_bytes: int = tier.config["remote.fetch.max.bytes"]
 
     async def start(self) -> None:
         await self.tier.start()
@@ -92,14 +112,19 @@ class FetchInterceptor(Interceptor):
         self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
     ) -> Response:
         version = header.api_version
-        request = decode_request(ApiKey.FETCH, version, frame_body[header.header_size:])
+        request = decode_client_request(header, frame_body)
         state = connection_state(ctx.state)
         queries = BrokerQueries(header, forward, state, self.tier.metrics)
         by_id = version >= 13
 
+        started = time.monotonic()
         # Partitions already proven remote on this connection skip the broker.
         direct = self._direct_partitions(request, by_id, state)
         broker_request = self._broker_request(request, direct)
+        if direct and broker_request is not None and broker_request.max_wait:
+            # Kafka answers once min_bytes are there: the remote part may already be
+            # enough, so the broker is asked not to wait (see _await_min_bytes).
+            broker_request = dataclasses.replace(broker_request, max_wait=_NO_WAIT)
 
         scan = None
         payload = None
@@ -122,8 +147,29 @@ class FetchInterceptor(Interceptor):
             return payload if rewritten is response else rewritten
 
         used = scan.records_size if scan is not None else 0
-        await self._read(remote, request, used)
+        remote_bytes = await self._read(remote, request, used, state)
+        if direct and broker_request is not None and used + remote_bytes < request.min_bytes:
+            waited = await self._await_min_bytes(request, broker_request, header, forward, started, remote_bytes)
+            if waited is not None:
+                payload, scan = waited
+                used = scan.records_size
         return await self._merge(ctx, request, payload, scan, remote, queries, used)
+
+    async def _await_min_bytes(
+        self, request: Any, broker_request: Any, header: RequestHeader, forward: Forward, started: float,
+        remote_bytes: int,
+    ) -> tuple[memoryview, ScannedResponse] | None:
+        """Ask the broker again, waiting what is left of max_wait_ms for the bytes still
+        missing; None when no time is left or its answer needs the remote tier after all
+        (the first answer then stands: the client simply fetches again)."""
+        left = request.max_wait - datetime.timedelta(seconds=time.monotonic() - started)
+        if left.total_seconds() * 1000 < 1:
+            return None
+        waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(left // _MS * _MS),
+                                      min_bytes=i32(max(request.min_bytes - remote_bytes, 1)))
+        payload = await forward(encode_request(waiting, header.correlation_id, header.client_id))
+        scan = scan_fetch_response(payload, request.__version__)
+        return None if scan.any_out_of_range else (payload, scan)
 
     # ------------------------------------------------------------------ splitting
 
@@ -242,11 +288,22 @@ class FetchInterceptor(Interceptor):
 
     # ------------------------------------------------------------------ reading
 
-    async def _read(self, remote: list[_Remote], request: Any, used: int) -> None:
-        budget = max(request.max_bytes - used, 0)
-        first = True
+    async def _read(self, remote: list[_Remote], request: Any, used: int, state: TierConnectionState) -> int:
+        """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
+        connection's last Fetch stopped; return the bytes read."""
+        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
+        start = state.remote_rotation % len(remote)
+        chosen: list[_Remote] = []
+        planned = 0
+        for entry in remote[start:] + remote[:start]:
+            if chosen and planned >= budget:
+                break
+            chosen.append(entry)
+            planned += min(entry.request.partition_max_bytes, budget)
+        state.remote_rotation = start + len(chosen)
+        chosen[0].min_one_batch = used == 0  # KIP-74: the first partition gets one whole batch
 
-        async def read(entry: _Remote, min_one_batch: bool) -> None:
+        async def read(entry: _Remote) -> None:
             try:
                 if self.tier.remote_log_start(entry.tp) is None:
                     entry.error = ErrorCode.offset_out_of_range
@@ -258,16 +315,14 @@ class FetchInterceptor(Interceptor):
                 entry.tp,
                 entry.request.fetch_offset,
                 min(entry.request.partition_max_bytes, budget),
-                min_one_batch=min_one_batch,
+                min_one_batch=entry.min_one_batch,
                 leader_epoch=getattr(entry.request, "current_leader_epoch", -1),
                 isolation_level=request.isolation_level,
             )
 
-        tasks = []
-        for entry in remote:
-            tasks.append(read(entry, first and used == 0))
-            first = False
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(read(entry) for entry in chosen))
+        return sum(e.outcome.value.records_size for e in chosen
+                   if e.outcome is not None and e.outcome.value is not None)
 
     # ------------------------------------------------------------------ the response
 
@@ -284,7 +339,11 @@ class FetchInterceptor(Interceptor):
             for key, partitions in scan.topics:
                 for partition in partitions:
                     broker[(key, partition.partition_index)] = view[partition.start:partition.end]
-        budget = max(request.max_bytes - used, 0)
+        # The remote partitions in the order they were read: the first keeps its one batch.
+        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
+        for entry in sorted(remote, key=lambda e: not e.min_one_batch):
+            entry.answer = await self._remote_partition(entry, request, queries, budget)
+            budget -= entry.answer.records_size
         topics = []
         for topic in request.topics:
             key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
@@ -296,10 +355,7 @@ class FetchInterceptor(Interceptor):
                     if span is not None:
                         partitions.append(span)
                     continue
-                partition = await self._remote_partition(entry, request, queries, budget, used)
-                budget -= partition.records_size
-                used += partition.records_size
-                partitions.append(partition)
+                partitions.append(entry.answer)
             if partitions:
                 topics.append((key, partitions))
         if scan is None:
@@ -324,7 +380,7 @@ class FetchInterceptor(Interceptor):
         return bytes(tagged)
 
     async def _remote_partition(
-        self, entry: _Remote, request: Any, queries: BrokerQueries, budget: int, used: int
+        self, entry: _Remote, request: Any, queries: BrokerQueries, budget: int
     ) -> RemotePartition:
         offsets = entry.offsets
         error = entry.error
@@ -342,8 +398,8 @@ class FetchInterceptor(Interceptor):
                 if result.offset_out_of_range:
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
-                elif result.records_size and (result.records_size <= budget or used == 0):
-                    records, size = result.records, result.records_size
+                elif result.records_size and (result.records_size <= budget or entry.min_one_batch):
+                    records, size = compact_records(result.records), result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:
                         aborted = await self._aborted(entry, result, queries)

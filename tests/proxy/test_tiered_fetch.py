@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,3 +190,50 @@ def test_java_console_consumer_reads_every_committed_record(kafka_cluster, proxy
             partition, offset, key = line.split("\t")[:3]
             got.append((int(partition.split(":")[1]), int(offset.split(":")[1]), key))
     assert sorted(got) == sorted((p, o, k.decode()) for p, o, k, _ in committed)
+
+
+async def _timed_fetches(proxy: ProxyThread, tiered: Tiered, count: int, *, max_wait_ms: int,
+                         min_bytes: int) -> list[tuple[float, int]]:
+    """Fetch partition 0 from offset 0 (remote) and partition 1 at its end (nothing new)
+    `count` times in a row: (seconds, remote bytes answered) of each."""
+    import dataclasses
+
+    from protocol.apis import OffsetSpec
+    from protocol.requests import fetch_request, list_offsets_request
+
+    host, port = proxy.bootstrap_servers.rsplit(":", 1)
+    async with await KafkaConnection.open(host, int(port)) as conn:
+        ends = await conn.request(list_offsets_request({tiered.topic: [1]}, OffsetSpec.LATEST))
+        end = ends.topics[0].partitions[0].offset
+        request = fetch_request(tiered.topic, 0, 0, 1 << 20, max_wait_ms=max_wait_ms, min_bytes=min_bytes)
+        topic = request.topics[0]
+        at_end = dataclasses.replace(topic.partitions[0], partition=type(topic.partitions[0].partition)(1),
+                                     fetch_offset=end)
+        request = dataclasses.replace(request, topics=(dataclasses.replace(
+            topic, partitions=(topic.partitions[0], at_end)),))
+        out = []
+        for _ in range(count):
+            started = time.monotonic()
+            response = await conn.request(request, timeout=max_wait_ms / 1000 + 30)
+            elapsed = time.monotonic() - started
+            partitions = {p.partition_index: p for p in response.responses[0].partitions}
+            assert partitions[0].error_code == 0 and partitions[1].error_code == 0, partitions
+            assert not partitions[1].records
+            out.append((elapsed, len(partitions[0].records or b"")))
+    return out
+
+
+async def test_remote_bytes_reaching_min_bytes_answer_without_the_brokers_wait(proxy, tiered):
+    # A wait of 20 s would be unmistakable; Kafka answers as soon as min_bytes are there.
+    fetches = await _timed_fetches(proxy, tiered, 4, max_wait_ms=20_000, min_bytes=1)
+    assert all(size > 0 for _, size in fetches), fetches
+    assert max(elapsed for elapsed, _ in fetches) < 10, fetches
+
+
+async def test_fewer_bytes_than_min_bytes_wait_for_max_wait(proxy, tiered):
+    # The first fetch proves partition 0 remote; the second reads it without the broker,
+    # and its remote bytes are far below min_bytes: the broker is asked to wait the rest.
+    fetches = await _timed_fetches(proxy, tiered, 2, max_wait_ms=1500, min_bytes=50 << 20)
+    (_, first_size), (second_wait, second_size) = fetches
+    assert first_size > 0 and second_size > 0, fetches
+    assert second_wait >= 1.2, fetches
