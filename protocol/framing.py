@@ -75,9 +75,7 @@ class FrameDecoder:
     __slots__ = ("_buffer", "_max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        if not 0 <= max_frame_bytes <= _MAX_SIZE:
-            raise ValueError(f"max_frame_bytes must be in [0, {_MAX_SIZE}], got {max_frame_bytes}")
-        self._max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes
         self._buffer = bytearray()
 
     @property

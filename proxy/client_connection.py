@@ -55,6 +55,7 @@ from protocol.headers import (
 
 from .authentication import SaslGate, UnauthenticatedRequest
 from .handlers import ConnectionContext, Interceptor, InvalidRequest
+from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
 
 if TYPE_CHECKING:
@@ -376,12 +377,12 @@ class ClientConnection(asyncio.Protocol):
         except UpstreamClosed:
             return  # the connection is closing; its log line says why
         except InvalidRequest as e:
-            self.close(f"malformed {_api(header.api_key)} v{header.api_version} request "
+            self.close(f"malformed {api_name(header.api_key)} v{header.api_version} request "
                        f"(correlation id {header.correlation_id}): {e}", level=logging.WARNING, label="bad_request")
             return
         except Exception as e:
             log.exception("client %s (%s): %r failed on %s v%d (correlation id %d)", self.peer, self.listener,
-                          interceptor, _api(header.api_key), header.api_version, header.correlation_id)
+                          interceptor, api_name(header.api_key), header.api_version, header.correlation_id)
             self.close(f"{type(interceptor).__name__} failed: {type(e).__name__}: {e}", level=logging.ERROR)
             return
         if self._closed:
@@ -394,11 +395,11 @@ class ClientConnection(asyncio.Protocol):
         if hasattr(response, "__api_key__"):  # a kio response object
             if (response.__api_key__, response.__version__) != (header.api_key, header.api_version):
                 raise TypeError(f"{type(response).__name__} v{response.__version__} answers "
-                                f"{_api(header.api_key)} v{header.api_version}")
+                                f"{api_name(header.api_key)} v{header.api_version}")
             return encode_frame(encode_response(response, header.correlation_id))
         header_version = response_header_version(header.api_key, header.api_version)
         if header_version is None:
-            raise TypeError(f"no response header version for {_api(header.api_key)} v{header.api_version}")
+            raise TypeError(f"no response header version for {api_name(header.api_key)} v{header.api_version}")
         return encode_frame(encode_response_header(header.correlation_id, header_version), *_as_parts(response))
 
     async def forward(self, request: Buffer | Sequence[Buffer]) -> memoryview:
@@ -437,7 +438,7 @@ class ClientConnection(asyncio.Protocol):
         (correlation_id,) = _INT32.unpack_from(body, 0)
         if correlation_id != in_flight.correlation_id:
             self.close(f"broker answered correlation id {correlation_id}, expected {in_flight.correlation_id} "
-                       f"({_api(in_flight.api_key)})", level=logging.ERROR)
+                       f"({api_name(in_flight.api_key)})", level=logging.ERROR)
             return
         if in_flight.slot is not None:
             if in_flight.api_key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
@@ -453,7 +454,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             header_version = response_header_version(in_flight.api_key, in_flight.api_version)
             if header_version is None:
-                raise DecodeError(f"no response header version for {_api(in_flight.api_key)} "
+                raise DecodeError(f"no response header version for {api_name(in_flight.api_key)} "
                                   f"v{in_flight.api_version}")
             _, offset = parse_response_header(body, header_version)
         except ProtocolError as e:
@@ -528,10 +529,3 @@ def _reason_label(reason: str | None, level: int) -> str:
     if reason.startswith("cannot connect"):
         return "broker_unreachable"
     return "error"
-
-
-def _api(api_key: int) -> str:
-    try:
-        return ApiKey(api_key).name
-    except ValueError:
-        return f"api key {api_key}"
