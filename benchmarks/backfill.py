@@ -19,7 +19,9 @@ each partition count (`--partitions 1,8`):
 The proxy runs as a `tierproxy serve` subprocess, started afresh for every replay (cold
 caches); its peak RSS is VmHWM from /proc/<pid>/status just before it is stopped. Each case
 is replayed `--repeats` times; the best MB/s counts (the machine is shared), RSS is the
-largest seen.
+largest seen. After each proxy replay its metrics endpoint is read: remote reads, how many
+ran out of `remote.fetch.max.wait.ms`, their mean time. `--client-config KEY=VALUE` sets a
+consumer property in every case (e.g. `fetch.wait.max.ms=100`).
 
     .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1,8
 
@@ -63,7 +65,7 @@ def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> d
         "proxy.listener.host": "127.0.0.1",
         "proxy.bootstrap.port": str(_free_port()),
         "proxy.broker.port.base": str(node_port),  # one broker: node 0
-        "metrics.port": "0",
+        "metrics.port": str(_free_port()),  # scraped after each replay (proxy_counters)
         "remote.log.metadata.backend": "file",
         "remote.log.metadata.dir": str(tmp / f"metadata-{backend}"),
         f"topic.{topic}.remote.storage.enable": "true",
@@ -166,6 +168,23 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
     raise RuntimeError(f"tierproxy serve does not listen on {port}")
 
 
+def proxy_counters(port: int) -> dict[str, float]:
+    """The proxy's own view of a replay, summed over labels: remote reads that ran out of
+    `remote.fetch.max.wait.ms`, remote reads answered, and their total seconds."""
+    import urllib.request
+
+    wanted = {"tierproxy_remote_fetch_expired_total": "expired",
+              "tierproxy_remote_read_seconds_count": "reads",
+              "tierproxy_remote_read_seconds_sum": "read_s"}
+    totals = dict.fromkeys(wanted.values(), 0.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in wanted:
+                totals[wanted[name]] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -179,11 +198,12 @@ def _vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def replay(bootstrap: str, topic: str, consumers: int, expected_records: int):
+def replay(bootstrap: str, topic: str, consumers: int, expected_records: int, client_config: dict[str, str]):
     from tierproxy.loadtest import LoadTest
 
     # Runs last seconds: a finer statistics window than the command's default 1 s.
-    summary = LoadTest(bootstrap, topic, consumers=consumers, stats_interval_ms=250).run()
+    summary = LoadTest(bootstrap, topic, consumers=consumers, stats_interval_ms=250,
+                       client_config=client_config).run()
     if summary.records != expected_records or summary.errors:
         raise RuntimeError(f"replay via {bootstrap}: {summary.records} records of {expected_records}, "
                            f"errors {summary.errors}")
@@ -197,8 +217,11 @@ def main() -> int:
     parser.add_argument("--consumers", type=int, default=1, help="loadtest consumers (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="replays per case; the best counts (default 3)")
     parser.add_argument("--cases", default="abcd")
+    parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per replay")
     args = parser.parse_args()
+    client_config = dict(item.split("=", 1) for item in args.client_config)
 
     from testbed.kafka import KafkaCluster
     from testbed.s3 import S3Server
@@ -233,7 +256,7 @@ def main() -> int:
                 best, rss = None, None
                 for attempt in range(args.repeats):
                     if case == "a":
-                        summary = replay(kafka.bootstrap_servers, topic, args.consumers, records)
+                        summary = replay(kafka.bootstrap_servers, topic, args.consumers, records, client_config)
                     else:
                         backend = "s3" if case == "d" else "local"
                         profile = (Path(args.profile) / f"{topic}-{case}-{attempt}.prof"
@@ -241,12 +264,15 @@ def main() -> int:
                         with proxy_process(properties[backend], tmp / topic / f"proxy-{case}-{attempt}",
                                            profile) as proxy:
                             cpu = cpu_seconds(proxy["pid"])
-                            summary = replay(proxy["bootstrap"], topic, args.consumers, records)
+                            summary = replay(proxy["bootstrap"], topic, args.consumers, records, client_config)
                             cpu = cpu_seconds(proxy["pid"]) - cpu
+                            counters = proxy_counters(int(properties[backend]["metrics.port"]))
                         rss = max(rss or 0, proxy["vm_hwm_kb"])
                     print(f"  ({case}) {label:35} {summary.mb_per_s:7.1f} MB/s  {summary.seconds:5.2f}s  "
                           f"fetch p50/p99 {_ms(summary.fetch_latency_p50_ms)}/{_ms(summary.fetch_latency_p99_ms)} ms"
-                          + (f"  proxy VmHWM {proxy['vm_hwm_kb'] / 1024:.0f} MiB, CPU {cpu:.2f}s"
+                          + (f"  proxy VmHWM {proxy['vm_hwm_kb'] / 1024:.0f} MiB, CPU {cpu:.2f}s, "
+                             f"remote reads {counters['reads']:.0f} ({counters['expired']:.0f} expired, "
+                             f"mean {_ms(1000 * counters['read_s'] / max(counters['reads'], 1))} ms)"
                              if case != "a" else ""),
                           flush=True)
                     if best is None or summary.mb_per_s > best.mb_per_s:
