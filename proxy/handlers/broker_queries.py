@@ -26,6 +26,7 @@ from protocol.headers import RequestHeader
 from ..metrics import api_name
 from ..remote_metrics import RemoteMetrics
 from . import Forward
+from .fetch_session import FetchSessionPositions
 
 # How long a proof (OFFSET_OUT_OF_RANGE below the local log start) and the offsets read
 # with it let fetches of the partition skip the broker; then the broker is asked again,
@@ -58,6 +59,7 @@ class TierConnectionState:
     #: where the next Fetch starts reading remote partitions, so that each gets its turn
     #: when remote.fetch.max.bytes does not fit them all
     remote_rotation: int = 0
+    fetch_session: FetchSessionPositions = field(default_factory=FetchSessionPositions)
 
     def next_correlation_id(self) -> int:
         correlation_id = next(self.correlation_ids)

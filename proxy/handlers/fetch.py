@@ -8,16 +8,19 @@ partition from the remote tier when the rule holds. Anything else the broker say
 authorization errors included, goes back unchanged.
 
 That OFFSET_OUT_OF_RANGE is the proof that the client may read the partition. For a
-second it lets later fetches of remote offsets on the connection skip the broker; then
+second it lets later sessionless fetches of remote offsets on the connection skip the broker; then
 the partition goes to the broker again, whose answer renews the proof (and the high
 watermark). Kafka checks READ on every Fetch: renewing the proof with a Fetch, not with
 ListOffsets (which needs only DESCRIBE), makes a READ permission taken away apply to
 remote offsets within that second too.
 
-Fetch sessions (KIP-227) are declined: the request goes to the broker without a
-session and the response carries session id 0, which every client (Java, librdkafka,
-aiokafka) treats as "no session": its next request is a full fetch again. Partitions
-served remotely then never confuse a broker-side session.
+Fetch sessions (KIP-227) pass through to the broker, which keeps them: a request with a
+session is forwarded as the client sent it, never decoded unless the broker answers a
+partition OFFSET_OUT_OF_RANGE, and only those partitions are replaced in the response.
+The broker answers such a partition at once in every response of the session (errors
+always go back) until the client's position reaches its local log; a partition the
+client omits because its position did not move is served from the position the proxy
+kept (`fetch_session`). The proxy's own queries to the broker are sessionless.
 
 Remote partitions are read concurrently on the reader pool, each within its
 partition_max_bytes, all of them within what is left of the response's max_bytes and
@@ -50,6 +53,7 @@ from typing import Any
 from kio.static.primitive import i32, i32Timedelta
 
 from protocol.apis import ApiKey, ErrorCode
+from protocol.errors import DecodeError
 from protocol.codecs import INTERCEPTED, decode_response, encode_request, encode_response
 from protocol.headers import RequestHeader, parse_response_header, response_header_version
 from storage.errors import MetadataNotReady
@@ -58,22 +62,22 @@ from storage.model import TopicIdPartition
 from ..reader_pool import ReadOutcome
 from ..remote_read import RemoteReadResult
 from ..tiered import RemoteTier
-from . import ConnectionContext, Forward, Interceptor, Response, decode_client_request
+from . import ConnectionContext, Forward, Interceptor, InvalidRequest, Response, decode_client_request
 from .addresses import rewrite_node_endpoints
 from .broker_queries import BrokerQueries, PartitionOffsets, TierConnectionState, connection_state
 from .fetch_wire import (
+    SESSIONLESS,
     RemotePartition,
     ScannedResponse,
     compact_records,
     encode_fetch_response,
+    request_session,
     scan_fetch_response,
 )
 
 log = logging.getLogger("tierproxy.fetch")
 
 READ_COMMITTED = 1
-_NO_SESSION = 0
-_SESSIONLESS_EPOCH = -1  # KIP-227's FINAL_EPOCH with session id 0: a full fetch, no session
 _MS = datetime.timedelta(milliseconds=1)
 _NO_WAIT = i32Timedelta.parse(datetime.timedelta(0))
 
@@ -111,17 +115,73 @@ class FetchInterceptor(Interceptor):
     async def handle(
         self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
     ) -> Response:
+        state = connection_state(ctx.state)
+        try:
+            session = request_session(frame_body[header.header_size:], header.api_version)
+        except DecodeError as e:
+            raise InvalidRequest(str(e)) from None
+        if session == SESSIONLESS and state.proven:
+            return await self._sessionless(ctx, header, frame_body, forward, state)
+        return await self._as_sent(ctx, header, frame_body, forward, state, session)
+
+    async def _as_sent(
+        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward,
+        state: TierConnectionState, session: tuple[int, int], request: Any = None,
+    ) -> Response:
+        """The client's request forwarded unchanged; decoded (unless it already is) only
+        if the broker answers a partition out of range."""
+        version = header.api_version
+        positions = state.fetch_session
+        positions.request(*session)
+        payload = await forward(frame_body)
+        scan = scan_fetch_response(payload, version)
+        positions.response(scan)
+        if not scan.any_out_of_range:
+            return await self._as_answered(ctx, payload, scan, version)
+        if request is None:
+            request = decode_client_request(header, frame_body)
+        queries = BrokerQueries(header, forward, state, self.tier.metrics)
+        remote = await self._out_of_range(request, scan, version >= 13, state, queries)
+        if remote is None:
+            log.info("%s: a partition the fetch session omitted is out of range on the broker at a position "
+                     "the proxy does not know; the client starts a new session", ctx.peer)
+            return encode_fetch_response(version, [], throttle_time_ms=scan.throttle_time_ms,
+                                         error_code=int(ErrorCode.fetch_session_id_not_found))
+        if not remote:
+            return await self._as_answered(ctx, payload, scan, version)
+        await self._read(remote, request, scan.records_size, state)
+        response = await self._merge(ctx, request, payload, scan, remote, queries, scan.records_size)
+        for entry in remote:
+            positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
+        return response
+
+    @staticmethod
+    async def _as_answered(ctx: ConnectionContext, payload: memoryview, scan: ScannedResponse,
+                           version: int) -> Response:
+        """The broker's answer as is, node endpoints naming the proxy."""
+        if not scan.has_tagged_fields:
+            return payload
+        response = decode_response(ApiKey.FETCH, version, payload)
+        rewritten = await rewrite_node_endpoints(ctx, response)
+        return payload if rewritten is response else rewritten
+
+    async def _sessionless(
+        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward,
+        state: TierConnectionState,
+    ) -> Response:
+        """A request without a session on a connection with partitions proven remote:
+        those skip the broker."""
         version = header.api_version
         request = decode_client_request(header, frame_body)
-        state = connection_state(ctx.state)
         queries = BrokerQueries(header, forward, state, self.tier.metrics)
         by_id = version >= 13
 
         started = time.monotonic()
-        # Partitions already proven remote on this connection skip the broker.
         direct = self._direct_partitions(request, by_id, state)
+        if not direct:
+            return await self._as_sent(ctx, header, frame_body, forward, state, SESSIONLESS, request)
         broker_request = self._broker_request(request, direct)
-        if direct and broker_request is not None and broker_request.max_wait:
+        if broker_request is not None and broker_request.max_wait:
             # Kafka answers once min_bytes are there: the remote part may already be
             # enough, so the broker is asked not to wait (see _await_min_bytes).
             broker_request = dataclasses.replace(broker_request, max_wait=_NO_WAIT)
@@ -129,31 +189,20 @@ class FetchInterceptor(Interceptor):
         scan = None
         payload = None
         if broker_request is not None:
-            if broker_request is request:
-                payload = await forward(frame_body)
-            else:
-                payload = await forward(encode_request(broker_request, header.correlation_id, header.client_id))
+            payload = await forward(encode_request(broker_request, header.correlation_id, header.client_id))
             scan = scan_fetch_response(payload, version)
 
         remote = list(direct.values())
         if scan is not None and scan.any_out_of_range:
-            remote += await self._out_of_range(request, scan, by_id, state, queries)
-        if not remote:
-            # The broker's answer as is (a declined session already reads session id 0).
-            if not scan.has_tagged_fields:
-                return payload
-            response = decode_response(ApiKey.FETCH, version, payload)
-            rewritten = await rewrite_node_endpoints(ctx, response)
-            return payload if rewritten is response else rewritten
-
+            remote += await self._out_of_range(request, scan, by_id, state, queries) or []
         used = scan.records_size if scan is not None else 0
         remote_bytes = await self._read(remote, request, used, state)
-        if direct and broker_request is not None and used + remote_bytes < request.min_bytes:
+        if broker_request is not None and used + remote_bytes < request.min_bytes:
             waited = await self._await_min_bytes(request, broker_request, header, forward, started, remote_bytes)
             if waited is not None:
                 payload, scan = waited
                 used = scan.records_size
-        return await self._merge(ctx, request, payload, scan, remote, queries, used)
+        return await self._merge(ctx, request, payload, scan, remote, queries, used, in_request_order=True)
 
     async def _await_min_bytes(
         self, request: Any, broker_request: Any, header: RequestHeader, forward: Forward, started: float,
@@ -215,31 +264,22 @@ class FetchInterceptor(Interceptor):
                 state.proven.pop((topic_id, partition), None)
 
     def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote]) -> Any | None:
-        """The request for the broker: without the directly served partitions and
-        without a fetch session. None when nothing is left for the broker."""
-        topics = request.topics
-        if direct:
-            topics = []
-            for topic in request.topics:
-                key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
-                partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
-                if partitions:
-                    topics.append(dataclasses.replace(topic, partitions=partitions))
-            if not topics:
-                return None
-            topics = tuple(topics)
-        if topics is request.topics and not _declined(request):
-            return request
-        changes: dict[str, Any] = {"topics": topics}
-        if hasattr(request, "session_id"):
-            changes.update(session_id=i32(_NO_SESSION), session_epoch=i32(_SESSIONLESS_EPOCH),
-                           forgotten_topics_data=())
-        return dataclasses.replace(request, **changes)
+        """The request for the broker without the directly served partitions; None when
+        nothing is left for it."""
+        topics = []
+        for topic in request.topics:
+            key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+            partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
+            if partitions:
+                topics.append(dataclasses.replace(topic, partitions=partitions))
+        return dataclasses.replace(request, topics=tuple(topics)) if topics else None
 
     async def _out_of_range(
         self, request: Any, scan: ScannedResponse, by_id: bool, state: TierConnectionState, queries: BrokerQueries
-    ) -> list[_Remote]:
-        """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start."""
+    ) -> list[_Remote] | None:
+        """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start;
+        None when one of them is at a position neither the request nor the fetch session
+        gives."""
         out_of_range = []
         requested = {
             (t.topic_id if by_id else t.topic, p.partition): p for t in request.topics for p in t.partitions
@@ -247,11 +287,13 @@ class FetchInterceptor(Interceptor):
         for key, partitions in scan.topics:
             for partition in partitions:
                 if partition.error_code == ErrorCode.offset_out_of_range:
-                    fetch_partition = requested.get((key, partition.partition_index))
-                    if fetch_partition is not None:
-                        out_of_range.append((key, fetch_partition))
-        if not out_of_range:
-            return []
+                    tp_key = (key, partition.partition_index)
+                    fetch_partition = requested.get(tp_key)
+                    if fetch_partition is None:
+                        fetch_partition = state.fetch_session.position(tp_key)
+                    if fetch_partition is None:
+                        return None
+                    out_of_range.append((key, fetch_partition))
         if by_id:
             names = {tp.topic_id: tp.topic for tp in self.tier.rlmm.partitions()}
             for topic_id, name in names.items():
@@ -273,10 +315,12 @@ class FetchInterceptor(Interceptor):
             if remote_start is None or fetch_partition.fetch_offset < max(remote_start, 0):
                 continue  # below the remote log start: the client's reset policy applies
             candidates.append((key, fetch_partition, tp))
-        if not candidates:
-            return []
-        await self._refresh({(tp.topic, tp.partition) for _, _, tp in candidates}, request.isolation_level, state,
-                            queries)
+        # A fresh proof below whose local log start the position lies stands (a fetch
+        # session meets this on every request); otherwise the broker is asked.
+        unproven = {(tp.topic, tp.partition) for _, fetch_partition, tp in candidates
+                    if not _proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
+        if unproven:
+            await self._refresh(unproven, request.isolation_level, state, queries)
         remote = []
         for key, fetch_partition, tp in candidates:
             offsets = state.proven.get((tp.topic_id, tp.partition))
@@ -328,10 +372,11 @@ class FetchInterceptor(Interceptor):
 
     async def _merge(
         self, ctx: ConnectionContext, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
-        remote: list[_Remote], queries: BrokerQueries, used: int,
+        remote: list[_Remote], queries: BrokerQueries, used: int, in_request_order: bool = False,
     ) -> list[Any]:
-        """The response in request order: broker partitions as slices of its payload,
-        remote ones encoded here."""
+        """The response in the broker's order (an incremental one names partitions the
+        request omitted), or in request order when some partitions skipped the broker:
+        broker partitions as slices of its payload, remote ones encoded here."""
         by_key = {(e.topic_key, e.request.partition): e for e in remote}
         broker = {}
         if scan is not None:
@@ -344,14 +389,18 @@ class FetchInterceptor(Interceptor):
         for entry in sorted(remote, key=lambda e: not e.min_one_batch):
             entry.answer = await self._remote_partition(entry, request, queries, budget)
             budget -= entry.answer.records_size
+        if in_request_order or scan is None:
+            order = [(t.topic_id if hasattr(t, "topic_id") else t.topic, [p.partition for p in t.partitions])
+                     for t in request.topics]
+        else:
+            order = [(key, [p.partition_index for p in partitions]) for key, partitions in scan.topics]
         topics = []
-        for topic in request.topics:
-            key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+        for key, indexes in order:
             partitions: list[Any] = []
-            for fetch_partition in topic.partitions:
-                entry = by_key.get((key, fetch_partition.partition))
+            for index in indexes:
+                entry = by_key.get((key, index))
                 if entry is None:
-                    span = broker.get((key, fetch_partition.partition))
+                    span = broker.get((key, index))
                     if span is not None:
                         partitions.append(span)
                     continue
@@ -429,8 +478,5 @@ class FetchInterceptor(Interceptor):
         return sorted(found, key=lambda t: t[1])
 
 
-def _declined(request: Any) -> bool:
-    """Whether the client asked for a fetch session the proxy must decline."""
-    return getattr(request, "session_id", _NO_SESSION) != _NO_SESSION or getattr(
-        request, "session_epoch", _SESSIONLESS_EPOCH
-    ) != _SESSIONLESS_EPOCH
+def _proven_below(offsets: PartitionOffsets | None, fetch_offset: int) -> bool:
+    return offsets is not None and not offsets.stale and fetch_offset < offsets.local_log_start

@@ -7,6 +7,8 @@ them again; on a fetch of many MB that is most of the proxy's work. Here:
   partition's error code, its records size and the byte span it takes in the payload.
   A response with no OFFSET_OUT_OF_RANGE and no node endpoints goes back to the client as
   it came, never decoded.
+- `request_session` reads a request's fetch session (id, epoch) from its fixed fields,
+  so that a request the proxy passes through is never decoded either.
 - `encode_fetch_response` writes a merged response as a list of buffers for `writelines`:
   the broker's partitions as slices of its payload, the remote partitions' headers packed
   here and their record batches as the reader's memoryview slices, never joined.
@@ -15,7 +17,9 @@ Field layout (Kafka's FetchResponse.json): throttle_time_ms; error_code, session
 per topic the name (v4-12) or topic id (v13+); per partition index, error_code,
 high_watermark, last_stable_offset, log_start_offset (v5+), aborted_transactions,
 preferred_read_replica (v11+), records; v12+ is flexible (compact arrays and strings,
-tagged fields after every structure).
+tagged fields after every structure). The request (FetchRequest.json) starts with
+replica_id (v0-14), max_wait_ms, min_bytes, max_bytes (v3+), isolation_level (v4+),
+session_id and session_epoch (v7+), all fixed-size.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 __all__ = ("RemotePartition", "ScannedPartition", "ScannedResponse", "compact_records", "encode_fetch_response",
-           "scan_fetch_response")
+           "request_session", "scan_fetch_response")
 
 FLEXIBLE_VERSION = 12
 TOPIC_ID_VERSION = 13
@@ -46,6 +50,8 @@ _PARTITION_V4 = struct.Struct(">ihqq")  # partition_index, error_code, high_wate
 _PARTITION_V5 = struct.Struct(">ihqqq")  # ... log_start_offset
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
+_SESSION = struct.Struct(">ii")  # session_id, session_epoch
+SESSIONLESS = (0, -1)  # KIP-227: session id 0 with the final epoch, a full fetch without a session
 
 
 class ScannedPartition(NamedTuple):
@@ -94,6 +100,92 @@ def _array_length(payload: Buffer, pos: int, end: int, flexible: bool) -> tuple[
         return count - 1, pos
     _need(pos, 4, end, "array length")
     return _INT32.unpack_from(payload, pos)[0], pos + 4
+
+
+def request_session(body: Buffer, version: int) -> tuple[int, int]:
+    """(session_id, session_epoch) of a Fetch request body (after the request header),
+    SESSIONLESS before v7, once its structure is checked (every length within the body)
+    so that a malformed request is refused here, not by the broker. Raises DecodeError."""
+    view = memoryview(body)
+    end = len(view)
+    flexible = version >= FLEXIBLE_VERSION
+    pos = 13 if version >= 15 else 17  # replica_id (v0-14), max_wait, min/max bytes, isolation
+    session = SESSIONLESS
+    if version >= 7:
+        _need_request(pos, _SESSION.size, end, version, "session")
+        session = _SESSION.unpack_from(view, pos)
+        pos += _SESSION.size
+    # partition, current_leader_epoch (v9+), fetch_offset, last_fetched_epoch (v12+),
+    # log_start_offset (v5+), partition_max_bytes
+    partition_size = (4 + (4 if version >= 9 else 0) + 8 + (4 if version >= 12 else 0)
+                      + (8 if version >= 5 else 0) + 4)
+    topic_count, pos = _request_array(view, pos, end, flexible, version, "topics")
+    for _ in range(topic_count):
+        pos = _skip_topic(view, pos, end, version, flexible)
+        count, pos = _request_array(view, pos, end, flexible, version, "partitions")
+        if flexible:  # each partition ends with its own tagged fields
+            for _ in range(count):
+                _need_request(pos, partition_size, end, version, "partition")
+                pos = skip_tagged_fields(view, pos + partition_size, end)
+            pos = skip_tagged_fields(view, pos, end)
+        else:
+            _need_request(pos, count * partition_size, end, version, "partitions")
+            pos += count * partition_size
+    if version >= 7:
+        forgotten, pos = _request_array(view, pos, end, flexible, version, "forgotten topics")
+        for _ in range(forgotten):
+            pos = _skip_topic(view, pos, end, version, flexible)
+            count, pos = _request_array(view, pos, end, flexible, version, "forgotten partitions")
+            _need_request(pos, count * 4, end, version, "forgotten partitions")
+            pos += count * 4
+            if flexible:
+                pos = skip_tagged_fields(view, pos, end)
+    if version >= 11:  # rack_id
+        if flexible:
+            length, pos = read_unsigned_varint(view, pos, end)
+            length -= 1
+        else:
+            _need_request(pos, 2, end, version, "rack id")
+            length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+        _need_request(pos, max(length, 0), end, version, "rack id")
+        pos += max(length, 0)
+    if flexible:
+        skip_tagged_fields(view, pos, end)
+    return session
+
+
+def _need_request(pos: int, size: int, end: int, version: int, what: str) -> None:
+    if size < 0 or pos + size > end:
+        raise DecodeError(f"Fetch request v{version}: {what} needs {size} bytes at offset {pos}, "
+                          f"{max(end - pos, 0)} left")
+
+
+def _request_array(view: memoryview, pos: int, end: int, flexible: bool, version: int,
+                   what: str) -> tuple[int, int]:
+    if flexible:
+        count, pos = read_unsigned_varint(view, pos, end)
+        count -= 1
+    else:
+        _need_request(pos, 4, end, version, what)
+        count, pos = _INT32.unpack_from(view, pos)[0], pos + 4
+    if count < 0 or count > end - pos:  # null is not allowed; every element takes a byte at least
+        raise DecodeError(f"Fetch request v{version}: {what} count {count} at offset {pos}")
+    return count, pos
+
+
+def _skip_topic(view: memoryview, pos: int, end: int, version: int, flexible: bool) -> int:
+    """Past a topic id (v13+) or name."""
+    if version >= TOPIC_ID_VERSION:
+        _need_request(pos, 16, end, version, "topic id")
+        return pos + 16
+    if flexible:
+        length, pos = read_unsigned_varint(view, pos, end)
+        length -= 1
+    else:
+        _need_request(pos, 2, end, version, "topic name")
+        length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+    _need_request(pos, length, end, version, "topic name")
+    return pos + length
 
 
 def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:

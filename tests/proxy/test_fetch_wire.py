@@ -13,10 +13,24 @@ from hypothesis import strategies as st
 from kio.static.primitive import i32, i64
 
 from protocol.apis import ApiKey, ErrorCode
-from protocol.codecs import INTERCEPTED, decode_response, encode_response, make_entity, response_schema
+from protocol.codecs import (
+    INTERCEPTED,
+    decode_response,
+    encode_request,
+    encode_response,
+    make_entity,
+    request_schema,
+    response_schema,
+)
 from protocol.errors import DecodeError
-from protocol.headers import parse_response_header, response_header_version
-from proxy.handlers.fetch_wire import RemotePartition, encode_fetch_response, scan_fetch_response
+from protocol.headers import parse_response_header, peek_request_header, response_header_version
+from proxy.handlers.fetch_wire import (
+    SESSIONLESS,
+    RemotePartition,
+    encode_fetch_response,
+    request_session,
+    scan_fetch_response,
+)
 
 VERSIONS = list(INTERCEPTED[ApiKey.FETCH])
 ERRORS = [ErrorCode.none, ErrorCode.offset_out_of_range, ErrorCode.not_leader_or_follower,
@@ -131,3 +145,36 @@ def test_a_truncated_response_is_a_decode_error(version):
             scan_fetch_response(payload[:cut], version)
     with pytest.raises(DecodeError):
         scan_fetch_response(bytes(payload) + b"\x00", version)
+
+
+def _request_body(version: int, session_id: int, epoch: int) -> memoryview:
+    """A Fetch request of `version` with two topics, tagged fields where the version has
+    them, forgotten topics and a rack id: its body after the request header."""
+    schema = request_schema(ApiKey.FETCH, version)
+    module = __import__(schema.__module__, fromlist=["FetchPartition"])
+    topics = tuple(
+        make_entity(module.FetchTopic, topic=f"topic-{t}", topic_id=uuid.UUID(int=t + 1), partitions=tuple(
+            make_entity(module.FetchPartition, partition=i32(p), current_leader_epoch=i32(3), fetch_offset=i64(p * 10),
+                        last_fetched_epoch=i32(2), log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20),
+                        replica_directory_id=uuid.UUID(int=9) if p == 1 else None)
+            for p in range(3)))
+        for t in range(2))
+    forgotten = ()
+    if hasattr(module, "ForgottenTopic"):
+        forgotten = (make_entity(module.ForgottenTopic, topic="gone", topic_id=uuid.UUID(int=7),
+                                 partitions=(i32(0), i32(4))),)
+    request = make_entity(schema, max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
+                          max_bytes=i32(50 << 20), isolation_level=0, session_id=i32(session_id),
+                          session_epoch=i32(epoch), topics=topics, forgotten_topics_data=forgotten, rack_id="rack-a")
+    frame = memoryview(encode_request(request, 7, "client"))
+    return frame[peek_request_header(frame).header_size:]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_request_session_reads_every_version_and_refuses_every_truncation(version):
+    body = _request_body(version, 1234, 5)
+    assert request_session(body, version) == ((1234, 5) if version >= 7 else SESSIONLESS)
+    assert request_session(_request_body(version, 0, -1), version) == SESSIONLESS
+    for length in range(len(body)):
+        with pytest.raises(DecodeError):
+            request_session(body[:length], version)

@@ -1,0 +1,234 @@
+"""Fetch sessions (KIP-227) pass through the proxy: the broker keeps the session, the
+proxy replaces only the partitions the broker answers OFFSET_OUT_OF_RANGE.
+
+Raw Fetch v12 requests on one connection play the part of a session-using client (the
+Java consumer's rules: a full fetch with epoch 0, then incremental fetches naming only
+the partitions whose position moved); `test_tiered_fetch` runs the Java consumer itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from kio.schema.fetch.v12 import request as fetch
+from kio.static.primitive import i8, i32, i64
+
+from client.connection import KafkaConnection
+from protocol.apis import ErrorCode
+from protocol.records import iter_batches
+from protocol.requests import milliseconds
+from storage.local import LocalRemoteStorageManager
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tests.proxy.test_passthrough import ProxyThread, running_proxy
+from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
+
+pytestmark = pytest.mark.timeout(180)
+
+PER_PARTITION = 1500
+
+
+def session_fetch(topic: str, positions: dict[int, int], *, session_id: int, epoch: int,
+                  max_bytes: int = 1 << 20, partition_max_bytes: dict[int, int] | None = None) -> fetch.FetchRequest:
+    """`partition_max_bytes`: per partition, 64 KiB when not given."""
+    partition_max_bytes = partition_max_bytes or {}
+    return fetch.FetchRequest(
+        max_wait=milliseconds(100), min_bytes=i32(1), max_bytes=i32(max_bytes), isolation_level=i8(0),
+        session_id=i32(session_id), session_epoch=i32(epoch),
+        topics=(fetch.FetchTopic(topic=topic, partitions=tuple(
+            fetch.FetchPartition(partition=i32(p), fetch_offset=i64(o), partition_max_bytes=i32(partition_max_bytes.get(p, 64 * 1024)))
+            for p, o in positions.items())),) if positions else (),
+        forgotten_topics_data=(),
+    )
+
+
+def answered(response) -> dict[int, object]:
+    return {p.partition_index: p for topic in response.responses for p in topic.partitions}
+
+
+def data_offsets(records: bytes | None, position: int) -> list[int]:
+    """Offsets of the data batches' records at or after `position` (what a client keeps)."""
+    return [o for b in iter_batches(records or b"") if not b.is_control
+            for o in range(max(b.base_offset, position), b.last_offset + 1)]
+
+
+def next_position(records: bytes | None, position: int) -> int:
+    batches = list(iter_batches(records or b""))
+    return batches[-1].next_offset if batches else position
+
+
+async def _tiered_topic(bootstrap: str, root: Path, topic: str, partitions: list[int]) -> TieredTopic:
+    rsm = LocalRemoteStorageManager(root / "remote")
+    rlmm = FileRemoteLogMetadataManager(root / "metadata")
+    await rlmm.start()
+    try:
+        records = produce_timed({"bootstrap.servers": bootstrap}, topic, 2, PER_PARTITION)
+        return await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
+                                   partitions=partitions)
+    finally:
+        await rlmm.close()
+        await rsm.close()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sessions")
+
+
+@pytest.fixture(scope="module")
+def tiered(kafka_cluster, root) -> Iterator[TieredTopic]:
+    """Two partitions, the first 60% of each remote only."""
+    topic = f"sessions-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(topic, partitions=2)
+    yield asyncio.run(_tiered_topic(kafka_cluster.bootstrap_servers, root, topic, [0, 1]))
+    kafka_cluster.delete_topic(topic)
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_cluster, root, tiered) -> Iterator[ProxyThread]:
+    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(root)) as proxy:
+        yield proxy
+
+
+@asynccontextmanager
+async def connection(proxy: ProxyThread):
+    host, port = proxy.bootstrap_servers.rsplit(":", 1)
+    async with await KafkaConnection.open(host, int(port)) as conn:
+        yield conn
+
+
+def ends_of(tiered: TieredTopic) -> dict[int, int]:
+    return {p: max(r.offset for r in tiered.records if r.partition == p) + 1 for p in (0, 1)}
+
+
+async def test_a_session_reads_across_the_boundary_incrementally(proxy, tiered):
+    ends = ends_of(tiered)
+    positions = {0: 0, 1: 0}
+    got: dict[int, list[int]] = {0: [], 1: []}
+    async with connection(proxy) as conn:
+        # Partition 0 reads in smaller steps, so partition 1 reaches its end first.
+        steps = {0: 8 * 1024, 1: 64 * 1024}
+        response = await conn.request(session_fetch(tiered.topic, positions, session_id=0, epoch=0,
+                                                    partition_max_bytes=steps))
+        session_id = response.session_id
+        assert response.error_code == 0 and session_id != 0
+        epoch, omitted_at_end = 0, 0
+        while positions != ends and epoch < 500:
+            moved = {}
+            for index, partition in answered(response).items():
+                assert partition.error_code == 0, (index, partition)
+                got[index] += data_offsets(partition.records, positions[index])
+                new = next_position(partition.records, positions[index])
+                if new != positions[index]:
+                    positions[index] = moved[index] = new
+            omitted_at_end += any(p not in moved and positions[p] == ends[p] for p in positions)
+            epoch += 1
+            response = await conn.request(session_fetch(tiered.topic, moved, session_id=session_id, epoch=epoch,
+                                                        partition_max_bytes=steps))
+            assert response.error_code == 0 and response.session_id == session_id
+    assert positions == ends
+    for partition in (0, 1):
+        expected = [r.offset for r in tiered.records if r.partition == partition]
+        assert got[partition] == expected, partition
+        assert expected[0] < tiered.boundary[partition] < expected[-1]  # both sides of the boundary were read
+    assert omitted_at_end > 0  # incremental requests really left a partition out
+
+
+async def test_a_partition_the_session_omits_is_read_from_where_it_stopped(proxy, tiered):
+    async with connection(proxy) as conn:
+        # max_bytes 1: one partition gets its one whole batch (KIP-74), the other nothing.
+        first = await conn.request(session_fetch(tiered.topic, {0: 0, 1: 0}, session_id=0, epoch=0, max_bytes=1))
+        assert first.error_code == 0 and first.session_id != 0
+        parts = answered(first)
+        (read,) = [p for p, data in parts.items() if data.records]
+        (left,) = [p for p, data in parts.items() if not data.records]
+        assert parts[left].error_code == 0
+        moved_to = next_position(parts[read].records, 0)
+        # The client names only the partition whose position moved.
+        second = await conn.request(session_fetch(tiered.topic, {read: moved_to}, session_id=first.session_id,
+                                                  epoch=1))
+    assert second.error_code == 0 and second.session_id == first.session_id
+    parts = answered(second)
+    assert set(parts) == {0, 1}
+    assert data_offsets(parts[left].records, 0)[0] == 0  # from its kept position, remote
+    assert data_offsets(parts[read].records, moved_to)[0] == moved_to
+
+
+async def test_a_partition_gone_remote_at_a_position_the_proxy_never_saw_restarts_the_session(
+        kafka_cluster, proxy, root):
+    """The broker trims a partition under a session whose client did not move on it: the
+    proxy does not know the position, the client is sent to a new session, and the full
+    fetch that opens it reads the remote data."""
+    topic = f"sessions-later-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(topic, partitions=2)
+    try:
+        bootstrap = kafka_cluster.bootstrap_servers
+        records = await asyncio.to_thread(produce_timed, {"bootstrap.servers": bootstrap}, topic, 2, PER_PARTITION)
+        async with connection(proxy) as conn:
+            # All local: partition 1 gets nothing within max_bytes, its position stays 0.
+            first = await conn.request(session_fetch(topic, {0: 0, 1: 0}, session_id=0, epoch=0, max_bytes=1))
+            assert first.error_code == 0 and first.session_id != 0
+            parts = answered(first)
+            assert parts[0].records and not parts[1].records
+            session_id = first.session_id
+            rsm = LocalRemoteStorageManager(root / "remote")
+            rlmm = FileRemoteLogMetadataManager(root / "metadata")
+            await rlmm.start()
+            try:
+                tiered = await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
+                                             partitions=[1])
+            finally:
+                await rlmm.close()
+                await rsm.close()
+            restarted = await conn.request(session_fetch(topic, {}, session_id=session_id, epoch=1))
+            assert restarted.error_code == ErrorCode.fetch_session_id_not_found
+            assert restarted.session_id == 0 and not restarted.responses
+            # The new session's full fetch reads partition 1 from 0, from the remote tier
+            # (once the proxy's metadata refresh has seen the new segments).
+            for _ in range(100):
+                full = await conn.request(session_fetch(topic, {1: 0}, session_id=0, epoch=0))
+                assert full.error_code == 0
+                (partition,) = answered(full).values()
+                if partition.records:
+                    break
+                assert partition.error_code in (0, ErrorCode.offset_out_of_range), partition
+                await asyncio.sleep(0.1)
+            assert full.session_id != 0
+            assert partition.error_code == 0 and data_offsets(partition.records, 0)[0] == 0
+            assert tiered.boundary[1] > 0
+    finally:
+        kafka_cluster.delete_topic(topic)
+
+
+async def test_session_errors_from_the_broker_pass_through(proxy, tiered):
+    async with connection(proxy) as conn:
+        unknown = await conn.request(session_fetch(tiered.topic, {0: 0}, session_id=2_000_000_001, epoch=1))
+        assert unknown.error_code == ErrorCode.fetch_session_id_not_found
+        opened = await conn.request(session_fetch(tiered.topic, {0: 0}, session_id=0, epoch=0))
+        assert opened.error_code == 0 and opened.session_id != 0
+        wrong_epoch = await conn.request(session_fetch(tiered.topic, {}, session_id=opened.session_id, epoch=5))
+        assert wrong_epoch.error_code == ErrorCode.invalid_fetch_session_epoch
+
+
+async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monkeypatch):
+    import proxy.handlers.fetch as fetch_handler
+
+    decoded = []
+    original = fetch_handler.decode_client_request
+    monkeypatch.setattr(fetch_handler, "decode_client_request",
+                        lambda *args: decoded.append(args) or original(*args))
+    local = {p: tiered.boundary[p] for p in (0, 1)}
+    async with connection(proxy) as conn:
+        opened = await conn.request(session_fetch(tiered.topic, local, session_id=0, epoch=0))
+        assert opened.session_id != 0 and all(p.records for p in answered(opened).values())
+        sessionless = await conn.request(session_fetch(tiered.topic, local, session_id=0, epoch=-1))
+        assert sessionless.session_id == 0 and all(p.records for p in answered(sessionless).values())
+        assert decoded == []
+        # A remote position is decoded (the proxy must answer it).
+        remote = await conn.request(session_fetch(tiered.topic, {0: 0}, session_id=0, epoch=-1))
+        assert answered(remote)[0].records
+    assert len(decoded) == 1
