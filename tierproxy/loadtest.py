@@ -149,6 +149,7 @@ class Summary:
     partitions: int
     start: str
     isolation: str
+    replays: int = 1
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -172,6 +173,7 @@ class Summary:
             "bootstrap": self.bootstrap,
             "topic": self.topic,
             "consumers": self.consumers,
+            "replays": self.replays,
             "partitions": self.partitions,
             "from": self.start,
             "isolation": self.isolation,
@@ -197,10 +199,12 @@ class Summary:
 
         errors = ", ".join(f"{name} x{count}" for name, count in sorted(self.errors.items())) or "none"
         return "\n".join([
-            f"topic {self.topic} via {self.bootstrap}: {self.partitions} partitions, {self.consumers} consumers, "
-            f"from {self.start}, {self.isolation}",
+            f"topic {self.topic} via {self.bootstrap}: {self.partitions} partitions, {self.consumers} consumers"
+            + (f" in each of {self.replays} replays" if self.replays > 1 else "")
+            + f", from {self.start}, {self.isolation}",
             f"  {self.records:,} records, {self.bytes / MB:,.1f} MB in {self.seconds:.2f} s "
-            f"(stopped by {self.stopped_by}; {self.partitions_at_end}/{self.partitions} partitions at their end)",
+            f"(stopped by {self.stopped_by}; {self.partitions_at_end}/{self.partitions * self.replays} partitions "
+            f"at their end)",
             f"  {self.mb_per_s:,.1f} MB/s, {self.records_per_s:,.0f} records/s",
             f"  fetch latency (broker round trip, {self.fetch_latency_requests:,} requests): "
             f"p50 {ms(self.fetch_latency_p50_ms)}, p99 {ms(self.fetch_latency_p99_ms)}",
@@ -260,6 +264,7 @@ class LoadTest:
         topic: str,
         *,
         consumers: int = 1,
+        replays: int = 1,
         start: StartPosition = StartPosition("earliest"),
         duration_s: float | None = None,
         max_records: int | None = None,
@@ -270,11 +275,14 @@ class LoadTest:
     ) -> None:
         if consumers < 1:
             raise ValueError("--consumers must be at least 1")
+        if replays < 1:
+            raise ValueError("--replays must be at least 1")
         if isolation not in ("read_committed", "read_uncommitted"):
             raise ValueError(f"--isolation {isolation!r}: read_committed or read_uncommitted")
         self.bootstrap = bootstrap
         self.topic = topic
         self.consumers = consumers
+        self.replays = replays
         self.start = start
         self.duration_s = duration_s
         self.max_records = max_records
@@ -317,15 +325,16 @@ class LoadTest:
         from confluent_kafka import Consumer, KafkaException
 
         totals = _Totals(self.max_records)
-        summary = Summary(self.bootstrap, self.topic, self.consumers, 0, str(self.start), self.isolation)
-        consumers = [Consumer(self.config(totals)) for _ in range(self.consumers)]
+        summary = Summary(self.bootstrap, self.topic, self.consumers, 0, str(self.start), self.isolation,
+                          self.replays)
+        consumers = [Consumer(self.config(totals)) for _ in range(self.consumers * self.replays)]
         try:
             try:
                 assignments = self._assignments(consumers[0])
             except KafkaException as e:
                 totals.error(e.args[0].name())
                 assignments = []
-            summary.partitions = sum(len(a) for a in assignments)
+            summary.partitions = sum(len(a) for a in assignments) // self.replays
             if summary.partitions == 0:
                 summary.stopped_by = "no partitions"
                 return self._finish(summary, totals, 0.0, Counter())
@@ -359,7 +368,8 @@ class LoadTest:
     # --- parts --------------------------------------------------------------------------
 
     def _assignments(self, consumer: Any) -> list[list[Any]]:
-        """The topic's partitions with their start offsets, round-robin over the consumers."""
+        """The topic's partitions with their start offsets, round-robin over the consumers
+        of each replay: every replay reads every partition, as one consumer group would."""
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 
         metadata = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
@@ -381,7 +391,7 @@ class LoadTest:
                 # -1: no record at or after the timestamp, start at the end.
                 starts.append(TopicPartition(self.topic, answer.partition,
                                              answer.offset if answer.offset >= 0 else OFFSET_END))
-        return [starts[i::self.consumers] for i in range(self.consumers)]
+        return [starts[i::self.consumers] for _ in range(self.replays) for i in range(self.consumers)]
 
     def _consume(self, index: int, consumer: Any, partitions: list[Any], totals: _Totals,
                  at_end: Counter[int], on_exit: Callable[[], None]) -> None:
@@ -469,6 +479,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--consumers", type=int, default=1, metavar="N",
                         help="concurrent consumers; partitions are assigned round-robin (default 1)")
+    parser.add_argument("--replays", type=int, default=1, metavar="N",
+                        help="independent replays at once, each of --consumers consumers reading every partition, "
+                             "as N consumer groups backfilling together would (default 1)")
     parser.add_argument("--from", dest="start", type=_start_argument, default=StartPosition("earliest"),
                         metavar="earliest|OFFSET|TIMESTAMP",
                         help="where every partition starts: earliest (default), an offset, or a timestamp "
@@ -522,8 +535,9 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     stderr = stderr if stderr is not None else sys.stderr
     try:
         test = LoadTest(
-            args.bootstrap, args.topic, consumers=args.consumers, start=args.start, duration_s=args.duration,
-            max_records=args.max_records, isolation=args.isolation, stats_interval_ms=args.stats_interval_ms,
+            args.bootstrap, args.topic, consumers=args.consumers, replays=args.replays, start=args.start,
+            duration_s=args.duration, max_records=args.max_records, isolation=args.isolation,
+            stats_interval_ms=args.stats_interval_ms,
             client_config={**_security_config(args), **_client_config(args.client_config)}, progress=stderr,
         )
     except ValueError as e:

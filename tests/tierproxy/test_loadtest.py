@@ -117,6 +117,16 @@ def test_through_the_proxy_every_record_once(proxy, tiered):
     assert proxy.metrics.value("tierproxy_remote_partitions_served_total", {"topic": tiered.name}) > 0
 
 
+def test_replays_each_read_every_partition(proxy, tiered, capsys):
+    code = main(["loadtest", "--bootstrap", proxy.bootstrap_servers, "--topic", tiered.name, "--replays", "3",
+                 "--consumers", "2", "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["replays"] == 3 and summary["consumers"] == 2 and summary["partitions"] == PARTITIONS
+    assert summary["records"] == 3 * tiered.produced and summary["bytes"] == 3 * tiered.payload_bytes
+    assert summary["partitions_at_end"] == 3 * PARTITIONS and summary["errors"] == {}
+
+
 def test_from_an_offset_in_the_remote_part(proxy, tiered):
     start = min(tiered.boundary.values()) // 3
     summary = LoadTest(proxy.bootstrap_servers, tiered.name, consumers=PARTITIONS + 1,  # one without partitions
