@@ -48,6 +48,7 @@ _INT32 = struct.Struct(">i")
 _HEADER_V7 = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
 _PARTITION_V4 = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
 _PARTITION_V5 = struct.Struct(">ihqqq")  # ... log_start_offset
+_INDEX_ERROR = struct.Struct(">ih")  # partition_index, error_code: what the scan keeps
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
 _SESSION = struct.Struct(">ii")  # session_id, session_epoch
@@ -221,12 +222,17 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
             pos += max(length, 0)
         partitions: list[ScannedPartition] = []
         partition_count, pos = _array_length(view, pos, end, flexible)
+        fixed = partition_struct.size
         for _ in range(max(partition_count, 0)):
             start = pos
-            _need(pos, partition_struct.size, end, "partition")
-            index, error_code = partition_struct.unpack_from(view, pos)[:2]
-            pos += partition_struct.size
-            aborted, pos = _array_length(view, pos, end, flexible)
+            _need(pos, fixed + 1, end, "partition")
+            index, error_code = _INDEX_ERROR.unpack_from(view, pos)
+            pos += fixed
+            # A single byte is the common case (500 partitions a response at the tail).
+            if flexible and view[pos] < 0x80:
+                aborted, pos = view[pos] - 1, pos + 1
+            else:
+                aborted, pos = _array_length(view, pos, end, flexible)
             if aborted > 0:
                 if flexible:  # each entry ends with its own tagged fields
                     for _ in range(aborted):
@@ -243,7 +249,10 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
             _need(pos, size, end, "records")
             pos += size
             if flexible:
-                pos = skip_tagged_fields(view, pos, end)
+                if pos < end and view[pos] == 0:
+                    pos += 1
+                else:
+                    pos = skip_tagged_fields(view, pos, end)
             partitions.append(ScannedPartition(index, error_code, size, start, pos))
         if flexible:
             pos = skip_tagged_fields(view, pos, end)
