@@ -221,7 +221,9 @@ def main() -> int:
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per replay")
     args = parser.parse_args()
-    client_config = dict(item.split("=", 1) for item in args.client_config)
+    from tierproxy.loadtest import parse_client_config
+
+    client_config = parse_client_config(args.client_config)
 
     from testbed.kafka import KafkaCluster
     from testbed.s3 import S3Server

@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from backfill import _free_port, cpu_seconds, proxy_process  # beside this script
+from backfill import cpu_seconds, proxy_process  # beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -121,6 +121,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from testbed.kafka import KafkaCluster
+    from testbed.ports import free_port
 
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
     print(f"machine: {platform.node()} {platform.machine()}, nproc {os.cpu_count()}, "
@@ -134,8 +135,8 @@ def main() -> int:
         properties = {
             "bootstrap.servers": kafka.bootstrap_servers,
             "proxy.listener.host": "127.0.0.1",
-            "proxy.bootstrap.port": str(_free_port()),
-            "proxy.broker.port.base": str(_free_port()),
+            "proxy.bootstrap.port": str(free_port()),
+            "proxy.broker.port.base": str(free_port()),
             "metrics.port": "0",
             "remote.log.storage.backend": "local",
             "remote.log.storage.local.dir": str(tmp / "remote"),

@@ -509,7 +509,7 @@ def _start_argument(text: str) -> StartPosition:
         raise argparse.ArgumentTypeError(str(e))
 
 
-def _client_config(pairs: list[str]) -> dict[str, str]:
+def parse_client_config(pairs: list[str]) -> dict[str, str]:
     config = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -538,7 +538,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
             args.bootstrap, args.topic, consumers=args.consumers, replays=args.replays, start=args.start,
             duration_s=args.duration, max_records=args.max_records, isolation=args.isolation,
             stats_interval_ms=args.stats_interval_ms,
-            client_config={**_security_config(args), **_client_config(args.client_config)}, progress=stderr,
+            client_config={**_security_config(args), **parse_client_config(args.client_config)}, progress=stderr,
         )
     except ValueError as e:
         print(f"tierproxy loadtest: {e}", file=stderr)

@@ -8,9 +8,9 @@ partition from the remote tier when the rule holds. Anything else the broker say
 authorization errors included, goes back unchanged.
 
 That OFFSET_OUT_OF_RANGE is the proof that the client may read the partition. For a
-second it lets later sessionless fetches of remote offsets on the connection skip the broker; then
-the partition goes to the broker again, whose answer renews the proof (and the high
-watermark). Kafka checks READ on every Fetch: renewing the proof with a Fetch, not with
+second it lets later sessionless fetches of remote offsets on the connection skip the
+broker; then the partition goes to the broker again, whose answer renews the proof (and
+the high watermark). Kafka checks READ on every Fetch: renewing the proof with a Fetch, not with
 ListOffsets (which needs only DESCRIBE), makes a READ permission taken away apply to
 remote offsets within that second too.
 

@@ -15,11 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.apis import ErrorCode
-
-from .fetch_wire import ScannedResponse
-
-_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
+from .fetch_wire import OUT_OF_RANGE, ScannedResponse
 
 
 class FetchSessionPositions:
@@ -49,7 +45,7 @@ class FetchSessionPositions:
         if self._positions:
             for key, partitions in scan.topics:
                 for partition in partitions:
-                    if partition.error_code != _OUT_OF_RANGE:
+                    if partition.error_code != OUT_OF_RANGE:
                         self._positions.pop((key, partition.partition_index), None)
 
     def position(self, key: tuple[Any, int]) -> Any | None:

@@ -36,8 +36,8 @@ from protocol.headers import read_unsigned_varint, skip_tagged_fields
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ("RemotePartition", "ScannedPartition", "ScannedResponse", "compact_records", "encode_fetch_response",
-           "request_session", "scan_fetch_response")
+__all__ = ("OUT_OF_RANGE", "RemotePartition", "ScannedPartition", "ScannedResponse", "compact_records",
+           "encode_fetch_response", "request_session", "scan_fetch_response")
 
 FLEXIBLE_VERSION = 12
 TOPIC_ID_VERSION = 13
@@ -50,7 +50,7 @@ _PARTITION_V4 = struct.Struct(">ihqq")  # partition_index, error_code, high_wate
 _PARTITION_V5 = struct.Struct(">ihqqq")  # ... log_start_offset
 _INDEX_ERROR = struct.Struct(">ih")  # partition_index, error_code: what the scan keeps
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
-_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
+OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
 _SESSION = struct.Struct(">ii")  # session_id, session_epoch
 SESSIONLESS = (0, -1)  # KIP-227: session id 0 with the final epoch, a full fetch without a session
 
@@ -86,12 +86,12 @@ class ScannedResponse(NamedTuple):
 
     @property
     def any_out_of_range(self) -> bool:
-        return self.any_error(_OUT_OF_RANGE)
+        return self.any_error(OUT_OF_RANGE)
 
 
-def _need(pos: int, size: int, end: int, what: str) -> None:
-    if pos + size > end:
-        raise DecodeError(f"Fetch response: {what} needs {size} bytes at offset {pos}, {max(end - pos, 0)} left")
+def _need(pos: int, size: int, end: int, what: str, message: str = "Fetch response") -> None:
+    if size < 0 or pos + size > end:
+        raise DecodeError(f"{message}: {what} needs {size} bytes at offset {pos}, {max(end - pos, 0)} left")
 
 
 def _array_length(payload: Buffer, pos: int, end: int, flexible: bool) -> tuple[int, int]:
@@ -141,24 +141,15 @@ def request_session(body: Buffer, version: int) -> tuple[int, int]:
             pos += count * 4
             if flexible:
                 pos = skip_tagged_fields(view, pos, end)
-    if version >= 11:  # rack_id
-        if flexible:
-            length, pos = read_unsigned_varint(view, pos, end)
-            length -= 1
-        else:
-            _need_request(pos, 2, end, version, "rack id")
-            length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
-        _need_request(pos, max(length, 0), end, version, "rack id")
-        pos += max(length, 0)
+    if version >= 11:
+        pos = _skip_string(view, pos, end, version, flexible, "rack id", nullable=True)
     if flexible:
         skip_tagged_fields(view, pos, end)
     return session
 
 
 def _need_request(pos: int, size: int, end: int, version: int, what: str) -> None:
-    if size < 0 or pos + size > end:
-        raise DecodeError(f"Fetch request v{version}: {what} needs {size} bytes at offset {pos}, "
-                          f"{max(end - pos, 0)} left")
+    _need(pos, size, end, what, f"Fetch request v{version}")
 
 
 def _request_array(view: memoryview, pos: int, end: int, flexible: bool, version: int,
@@ -179,13 +170,21 @@ def _skip_topic(view: memoryview, pos: int, end: int, version: int, flexible: bo
     if version >= TOPIC_ID_VERSION:
         _need_request(pos, 16, end, version, "topic id")
         return pos + 16
+    return _skip_string(view, pos, end, version, flexible, "topic name")
+
+
+def _skip_string(view: memoryview, pos: int, end: int, version: int, flexible: bool, what: str,
+                 nullable: bool = False) -> int:
+    """Past a (compact, from v12) string; null only where `nullable`."""
     if flexible:
         length, pos = read_unsigned_varint(view, pos, end)
         length -= 1
     else:
-        _need_request(pos, 2, end, version, "topic name")
+        _need_request(pos, 2, end, version, what)
         length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
-    _need_request(pos, length, end, version, "topic name")
+    if nullable and length == -1:
+        return pos
+    _need_request(pos, length, end, version, what)
     return pos + length
 
 
