@@ -509,12 +509,16 @@ class RemoteReadEngine:
         rsm: RemoteStorageManager,
         rlmm: RemoteLogMetadataManager,
         metrics: RemoteMetrics | None = None,
+        *,
+        shared_index_dir: bool = False,
     ) -> RemoteReadEngine:
+        """With `shared_index_dir`, other worker processes use `remote.log.index.cache.dir` too."""
         metrics = metrics if metrics is not None else RemoteMetrics()
         index_cache = RemoteIndexCache(
             rsm,
             max_bytes=config["remote.log.index.file.cache.total.size.bytes"],
             cache_dir=config["remote.log.index.cache.dir"] or None,
+            shared=shared_index_dir,
             metrics=metrics.cache("index"),
         )
         chunk_cache = ChunkCache(

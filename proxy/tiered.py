@@ -40,12 +40,14 @@ class RemoteTier:
         rsm: RemoteStorageManager | None = None,
         rlmm: RemoteLogMetadataManager | None = None,
         registry: CollectorRegistry | None = None,
+        shared_index_dir: bool = False,
     ) -> None:
         self.config = config
         self.rsm = rsm if rsm is not None else remote_storage_manager(config)
         self.rlmm = rlmm if rlmm is not None else remote_log_metadata_manager(config, read_only=True)
         self.metrics = RemoteMetrics(registry) if registry is not None else RemoteMetrics()
-        self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics)
+        self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics,
+                                                   shared_index_dir=shared_index_dir)
         if hasattr(self.rsm, "observe_request"):  # object stores report every request
             self.rsm.observe_request = self.metrics.store_request
         self.unavailable_code = ErrorCode(config["tiered.storage.not.available.error.code"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.index_cache import ENTRY_OVERHEAD_BYTES, RemoteIndexCache
+from cache.index_cache import ENTRY_OVERHEAD_BYTES, TEMP_FILE_AGE_S, RemoteIndexCache, prune_index_directory
 from proxy.remote_metrics import RemoteMetrics
 from storage.errors import RemoteStorageError
 from storage.indexes import OffsetIndex, TimeIndex, TransactionIndex
@@ -167,17 +167,23 @@ async def test_directory_entries_survive_a_restart(tmp_path: Path) -> None:
             assert counting.index_reads == []
 
 
+async def _aged_offset_indexes(rsm, rlmm, tmp_path: Path, cache_dir: Path) -> tuple[Partition, list[Path]]:
+    """Three segments' offset indexes cached in `cache_dir`; their files, oldest first."""
+    partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3)
+    async with RemoteIndexCache(rsm, max_bytes=1 << 20, cache_dir=cache_dir) as cache:
+        for segment in partition.segments:
+            await cache.offset_index(segment)
+    files = _files(cache_dir)
+    # Make the last segment's file the newest regardless of the clock's resolution.
+    for age, path in enumerate(reversed(files)):
+        os.utime(path, (1_000_000 - age, 1_000_000 - age))
+    return partition, files
+
+
 async def test_reload_keeps_the_newest_within_the_bound_and_deletes_the_rest(tmp_path: Path) -> None:
     cache_dir = tmp_path / "index-cache"
     async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3)
-        async with RemoteIndexCache(rsm, max_bytes=1 << 20, cache_dir=cache_dir) as cache:
-            for segment in partition.segments:
-                await cache.offset_index(segment)
-        files = _files(cache_dir)
-        # Make the last segment's file the newest regardless of the clock's resolution.
-        for age, path in enumerate(reversed(files)):
-            os.utime(path, (1_000_000 - age, 1_000_000 - age))
+        partition, files = await _aged_offset_indexes(rsm, rlmm, tmp_path, cache_dir)
         newest = files[-1]
         weight = newest.stat().st_size + ENTRY_OVERHEAD_BYTES
 
@@ -237,3 +243,47 @@ async def test_a_corrupt_stored_index_is_a_corrupt_segment(tmp_path: Path) -> No
         assert not raised.value.retriable
         assert len(cache) == 0
         await cache.close()
+
+
+async def test_workers_sharing_a_directory_read_each_others_indexes(tmp_path: Path) -> None:
+    """A worker's miss is answered from a file another worker wrote (CRC-checked), not
+    from the store; start-up leaves the other workers' files and their writes in flight."""
+    cache_dir = tmp_path / "index-cache"
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3)
+        async with RemoteIndexCache(rsm, max_bytes=1 << 20, cache_dir=cache_dir, shared=True) as first:
+            for segment in partition.segments:
+                await first.offset_index(segment)
+        written = _files(cache_dir)
+        assert len(written) == 3
+        in_flight = cache_dir / f".{written[0].name}.0123.tmp"
+        in_flight.write_bytes(b"being written")
+        stale = cache_dir / f".{written[0].name}.4567.tmp"
+        stale.write_bytes(b"cut short")
+        os.utime(stale, (os.path.getmtime(stale) - TEMP_FILE_AGE_S - 1,) * 2)
+        one = written[-1].stat().st_size + ENTRY_OVERHEAD_BYTES
+
+        counting = CountingRSM(rsm)
+        async with RemoteIndexCache(counting, max_bytes=one, cache_dir=cache_dir, shared=True) as second:
+            assert len(second) == 1  # its own share, newest first
+            assert [p for p in _files(cache_dir) if not p.name.startswith(".")] == written  # the rest: others'
+            assert in_flight.exists() and not stale.exists()
+            for segment in partition.segments[:2]:  # the first worker's, not reloaded by this one
+                index = await second.offset_index(segment)
+                assert index.to_bytes() == await _stored_index(rsm, segment, IndexType.OFFSET)
+            assert counting.index_reads == []
+            await asyncio.sleep(0.1)  # let the disk thread finish any removal
+            # Evicting what it only read leaves the file; evicting what it reloaded removes it.
+            assert [p for p in _files(cache_dir) if not p.name.startswith(".")] == written[:2]
+            await second.time_index(partition.segments[0])  # nobody has it yet: from the store
+            assert len(counting.index_reads) == 1
+
+
+async def test_pruning_a_shared_directory_keeps_the_newest_within_the_whole_bound(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "index-cache"
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        _, files = await _aged_offset_indexes(rsm, rlmm, tmp_path, cache_dir)
+    newest_two = files[-2:]
+    prune_index_directory(cache_dir, sum(p.stat().st_size + ENTRY_OVERHEAD_BYTES for p in newest_two))
+    assert _files(cache_dir) == newest_two
+
