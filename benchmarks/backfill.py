@@ -132,6 +132,7 @@ def proxy_process(properties: dict[str, str], workdir: Path, profile: Path | Non
 
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "proxy.properties"
+    properties = {"proxy.workers": "1", **properties}  # one process, unless a case asks for more
     config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     command = [sys.executable, "-m", "tierproxy.cli", "serve", "--config", str(config_path)]
     if profile is not None:

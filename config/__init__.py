@@ -304,6 +304,11 @@ _define("proxy.bootstrap.port", int, 9192, "Port of the proxy's bootstrap listen
         validator=Range(0, 65535))
 _define("proxy.broker.port.base", int, 9193,
         "The listener of broker node N is this port + N.", "proxy", validator=Range(0, 65535))
+_define("proxy.workers", int, 0,
+        "Worker processes serving the proxy's listeners together (SO_REUSEPORT); 0 for one per CPU "
+        "core. Each worker gets its share of the cache bounds, reader threads and connection limits, "
+        "so the totals hold for the whole proxy; a worker that dies is restarted.", "proxy",
+        validator=Range(0, 256))
 _define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
         validator=Range(1))
 _define("max.pending.response.bytes.per.connection", int, MIB,

@@ -11,7 +11,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from protocol.apis import ApiKey
 
-__all__ = ("ProxyMetrics", "api_name")
+__all__ = ("ProxyMetrics", "api_name", "metrics_endpoint")
+
+
+def metrics_endpoint(host: str, port: int, registry: CollectorRegistry):  # type: ignore[no-untyped-def]
+    """The Prometheus HTTP endpoint (its server, to shut down), or OSError naming the address."""
+    from prometheus_client import start_http_server
+
+    try:
+        http, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot open the metrics endpoint on {host}:{port}: {e.strerror}") from e
+    return http
 
 
 def api_name(api_key: int) -> str:
@@ -29,7 +40,7 @@ class ProxyMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.connections_active = Gauge(
             "tierproxy_connections_active", "Client connections open now, by listener.",
-            ["listener"], registry=self.registry)
+            ["listener"], registry=self.registry, multiprocess_mode="livesum")
         self.connections = Counter(
             "tierproxy_connections", "Client connections accepted, by listener.",
             ["listener"], registry=self.registry)

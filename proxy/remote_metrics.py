@@ -67,10 +67,12 @@ class RemoteMetrics:
             "tierproxy_remote_partitions_served",
             "Fetch partitions answered from the remote tier, by topic.", ["topic"], registry=r)
         self.reader_queue_size = Gauge(
-            "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r)
+            "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r,
+            multiprocess_mode="livesum")
         self.reader_avg_idle = Gauge(
             "tierproxy_remote_log_reader_avg_idle_percent",
-            "Share of remote log readers idle now (0..1, Kafka's RemoteLogReaderAvgIdlePercent).", registry=r)
+            "Share of remote log readers idle now (0..1, Kafka's RemoteLogReaderAvgIdlePercent; "
+            "with several workers, the busiest worker's).", registry=r, multiprocess_mode="livemin")
         self.cache_hits = Counter("tierproxy_cache_hits", "Cache lookups answered from memory.", ["cache"],
                                   registry=r)
         self.cache_misses = Counter("tierproxy_cache_misses", "Cache lookups that waited for a load.", ["cache"],
@@ -80,8 +82,9 @@ class RemoteMetrics:
         self.cache_prefetches = Counter("tierproxy_cache_prefetches", "Loads started ahead of a reader.", ["cache"],
                                         registry=r)
         self.cache_bytes = Gauge("tierproxy_cache_bytes", "Bytes counted against the cache's bound.", ["cache"],
-                                 registry=r)
-        self.cache_entries = Gauge("tierproxy_cache_entries", "Entries held.", ["cache"], registry=r)
+                                 registry=r, multiprocess_mode="livesum")
+        self.cache_entries = Gauge("tierproxy_cache_entries", "Entries held.", ["cache"], registry=r,
+                                   multiprocess_mode="livesum")
         self.read_seconds = Histogram(
             "tierproxy_remote_read_seconds",
             "Remote reads from the fetch's submission to its answer, by outcome (ok, error, expired, queue_full).",

@@ -15,7 +15,7 @@ from .handlers.addresses import address_rewriters
 from .handlers.api_versions import ApiVersionsInterceptor
 from .handlers.fetch import FetchInterceptor
 from .handlers.list_offsets import ListOffsetsInterceptor
-from .metrics import ProxyMetrics
+from .metrics import ProxyMetrics, metrics_endpoint
 from .server import ProxyServer
 
 __all__ = ("build_interceptors", "serve")
@@ -23,16 +23,16 @@ __all__ = ("build_interceptors", "serve")
 log = logging.getLogger("tierproxy")
 
 
-def build_interceptors(config: Config, metrics: ProxyMetrics) -> InterceptorRegistry:
+def build_interceptors(config: Config, metrics: ProxyMetrics, *, worker: bool = False) -> InterceptorRegistry:
     """Every API the proxy intercepts; everything else passes through untouched.
 
     The Fetch handler rewrites node endpoints itself. Fetch and ListOffsets share one
     remote tier, started and closed with the Fetch handler; its metrics join the
-    proxy's registry.
+    proxy's registry. A `worker` shares the on-disk index cache with the other workers.
     """
     from .tiered import RemoteTier
 
-    tier = RemoteTier(config, registry=metrics.registry)
+    tier = RemoteTier(config, registry=metrics.registry, shared_index_dir=worker)
     return InterceptorRegistry([
         ApiVersionsInterceptor(),
         *address_rewriters(fetch=False),
@@ -41,23 +41,21 @@ def build_interceptors(config: Config, metrics: ProxyMetrics) -> InterceptorRegi
     ])
 
 
-async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
-    """Serve until ``stop`` is set, or until SIGTERM/SIGINT when none is given."""
+async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bool = False) -> None:
+    """Serve until ``stop`` is set, or until SIGTERM/SIGINT when none is given. A `worker`
+    (one of several processes, see proxy.workers) opens its listeners with SO_REUSEPORT."""
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
     metrics = ProxyMetrics()
-    server = ProxyServer(config, build_interceptors(config, metrics), metrics)
+    server = ProxyServer(config, build_interceptors(config, metrics, worker=worker), metrics, reuse_port=worker)
     http = None
     try:
         await server.start()
         if config["metrics.port"]:
-            from prometheus_client import start_http_server
-
-            http, _ = start_http_server(config["metrics.port"], addr=config["proxy.listener.host"],
-                                        registry=metrics.registry)
+            http = metrics_endpoint(config["proxy.listener.host"], config["metrics.port"], metrics.registry)
         log.info("tierproxy serving on %s, broker nodes %s", server.bootstrap_servers,
                  sorted(server.node_listeners) or "not known yet")
         await stop.wait()

@@ -37,8 +37,10 @@ class ProxyServer:
     """Listeners, the broker node directory, and the open client connections."""
 
     def __init__(self, config: Config, interceptors: InterceptorRegistry | None = None,
-                 metrics: ProxyMetrics | None = None) -> None:
+                 metrics: ProxyMetrics | None = None, *, reuse_port: bool = False) -> None:
         self.config = config
+        # Several worker processes listen on the same ports; alone, a taken port is an error.
+        self._reuse_port = reuse_port
         self.services = ProxyServices(
             config=config,
             metrics=metrics if metrics is not None else ProxyMetrics(),
@@ -210,7 +212,8 @@ class ProxyServer:
         try:
             server = await loop.create_server(
                 lambda: ClientConnection(self, node_id), self._host, port,
-                ssl=self._listener_ssl, reuse_address=True, start_serving=True)
+                ssl=self._listener_ssl, reuse_address=True, reuse_port=self._reuse_port or None,
+                start_serving=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot open the {name} listener on {self._host}:{port}: {e.strerror}") from e
         log.info("listening for %s on %s:%d%s", name, self._host, server.sockets[0].getsockname()[1],

@@ -102,6 +102,9 @@ def _add_config(commands) -> None:
 def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="run the proxy until SIGTERM or SIGINT")
     _config_arguments(serve)
+    # How the supervisor of several workers (proxy.workers) starts each of them.
+    serve.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     serve.set_defaults(run=_lazy("tierproxy.serve"))
 
 

@@ -3,7 +3,9 @@
 Start-up fails with a message naming the key when the configuration is wrong, or
 naming the address when a listener cannot be opened. On a signal the listeners
 close, every client connection is closed, the interceptors are stopped and the
-command exits 0.
+command exits 0. With `proxy.workers` above 1 (0, the default, is one per core) the
+command supervises that many worker processes (proxy/workers.py), each of them this
+same command with `--worker-of`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from client.connection import AuthenticationError
 from config import ConfigError, load
 from storage.errors import RemoteLogMetadataError
 
+LOG_FORMAT = "%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
+
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    worker = args.worker_of is not None
+    who = f"worker-{args.worker_index} " if worker else ""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who=who), stream=sys.stderr)
     try:
         config = load(args.config, args.override)
     except ConfigError as e:
@@ -31,19 +36,33 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     from proxy.serve import serve
+    from proxy.workers import WORKER_CANNOT_START, supervise, watch_supervisor, worker_count
 
+    if worker:
+        watch_supervisor(args.worker_of)
+    else:
+        try:
+            # A refused login or an untrusted certificate stops start-up with the key to fix;
+            # a broker that is merely down is waited for by the clients, as without the proxy.
+            uvloop.run(check_login(config))
+        except AuthenticationError as e:
+            print(f"tierproxy serve: {e}", file=sys.stderr)
+            return 1
+        except ConnectionError as e:
+            logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
     try:
-        # A refused login or an untrusted certificate stops start-up with the key to fix;
-        # a broker that is merely down is waited for by the clients, as without the proxy.
-        uvloop.run(check_login(config))
-    except AuthenticationError as e:
-        print(f"tierproxy serve: {e}", file=sys.stderr)
-        return 1
-    except ConnectionError as e:
-        logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
-    try:
-        uvloop.run(serve(config))
+        count = 1 if worker else worker_count(config)
+        if count > 1:
+            return supervise(config, count, _config_arguments(args))
+        uvloop.run(serve(config, worker=worker))
     except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
-        return 1
+        return WORKER_CANNOT_START if worker else 1
     return 0
+
+
+def _config_arguments(args: argparse.Namespace) -> list[str]:
+    out = ["--config", str(args.config)] if args.config is not None else []
+    for override in args.override:
+        out += ["--override", override]
+    return out

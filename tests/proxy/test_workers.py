@@ -1,0 +1,259 @@
+"""`tierproxy serve` with several worker processes (proxy.workers): the workers share the
+listeners, a worker killed in the middle of a remote replay is restarted and the
+consumer finishes with every record exactly once, the metrics endpoint sums all
+workers, and the workers never outlive their supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from config import load
+from proxy.workers import shares
+from storage.local import LocalRemoteStorageManager
+from storage.metadata.file_store import FileRemoteLogMetadataManager
+from testbed.ports import free_ports
+from tests.proxy.test_passthrough import free_port_block
+from tests.proxy.tiered_helpers import (
+    TieredTopic,
+    consume_confluent_assigned,
+    expected_by_partition,
+    in_partition_order,
+    local_proxy_settings,
+    produce_timed,
+    tier_and_trim,
+)
+
+PARTITIONS = 4
+PER_PARTITION = 2500
+LOOPBACK = "127.0.0.1"
+TIERPROXY = Path(sys.executable).parent / "tierproxy"
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_shares_divide_every_bound_and_keep_the_totals():
+    config = load(None, ["bootstrap.servers=b:9092", "remote.log.chunk.cache.size.bytes=1000",
+                         "remote.log.index.file.cache.total.size.bytes=999", "remote.log.reader.threads=10",
+                         "remote.log.reader.max.pending.tasks=3", "max.connections=0", "max.connections.per.ip=7"])
+    share = shares(config, 4)
+    assert share == {
+        "remote.log.index.file.cache.total.size.bytes": "249",
+        "remote.log.chunk.cache.size.bytes": "250",
+        "remote.log.reader.threads": "2",
+        "remote.log.reader.max.pending.tasks": "1",  # a bound above 0 keeps at least 1 per worker
+        "max.connections": "0",  # refusing every connection stays refusing
+        "max.connections.per.ip": "1",
+    }
+    for name in ("remote.log.index.file.cache.total.size.bytes", "remote.log.chunk.cache.size.bytes",
+                 "remote.log.reader.threads"):
+        assert 4 * int(share[name]) <= config[name]
+
+
+@pytest.fixture(scope="module")
+def tiered(kafka_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
+    """Four partitions of 1 KB records, the first 90% of each remote only."""
+    topic = f"workers-{os.urandom(4).hex()}"
+    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
+    root = tmp_path_factory.mktemp("workers")
+    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION, value_size=1000)
+
+    async def build() -> TieredTopic:
+        async with LocalRemoteStorageManager(root / "remote") as rsm, \
+                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
+                                       work_dir=root / "work", fraction=0.9, segment_bytes=256 * 1024)
+
+    yield asyncio.run(build()), root
+    kafka_cluster.delete_topic(topic)
+
+
+class Served:
+    """A `tierproxy serve` subprocess and its output, read on a thread."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, count: int = 1, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(re.findall(pattern, self.output)) < count:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no {count} x {pattern!r} from tierproxy serve:\n{self.output}")
+            time.sleep(0.1)
+
+    def workers(self) -> set[int]:
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return {int(pid) for pid in children.read_text().split()} if children.exists() else set()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(10)
+        return self.process.returncode
+
+
+def serve(tiered_root: Path, tmp_path: Path, workers: int, **extra: object) -> tuple[Served, int, int]:
+    bootstrap_port, metrics_port = free_ports(2)
+    base = free_port_block(1)
+    settings = {
+        "bootstrap.servers": extra.pop("bootstrap"),
+        "proxy.bootstrap.port": bootstrap_port,
+        "proxy.broker.port.base": base,
+        "metrics.port": metrics_port,
+        "proxy.workers": workers,
+        "remote.log.chunk.size.bytes": 64 * 1024,
+        "remote.log.index.cache.dir": tmp_path / "index-cache",
+        **local_proxy_settings(tiered_root),
+        **extra,
+    }
+    config = tmp_path / "proxy.properties"
+    config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+    return Served([str(TIERPROXY), "serve", "--config", str(config)]), bootstrap_port, metrics_port
+
+
+def established_on(pid: int, port: int) -> int:
+    """Established TCP connections of process `pid` whose local port is `port`."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].split(":")[1], 16)
+            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def scrape(metrics_port: int) -> str:
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def sample(exposition: str, name: str) -> float:
+    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
+
+
+def test_a_worker_killed_mid_replay_loses_nothing(kafka_cluster, tiered, tmp_path):
+    data, root = tiered
+    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+    node_port = None
+    try:
+        served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+        node_port = int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
+        first = served.workers()
+        assert len(first) == 2, served.output
+        expected = expected_by_partition(data)
+        total = sum(len(v) for v in expected.values())
+        consumed: list[tuple] = []
+        done = threading.Event()
+
+        def replay() -> None:
+            try:
+                consumed.extend(consume_confluent_assigned(
+                    {"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}",
+                     "max.partition.fetch.bytes": 64 * 1024, "queued.max.messages.kbytes": 1024},
+                    data.topic, range(PARTITIONS), total, timeout_s=180))
+            finally:
+                done.set()
+
+        consumer = threading.Thread(target=replay)
+        consumer.start()
+        # Kill the worker holding the consumer's fetch connection once remote reads are under way.
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None and time.monotonic() < deadline and not done.is_set():
+            if sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total") > 1_000_000:
+                victim = next((pid for pid in first if established_on(pid, node_port)), None)
+            time.sleep(0.05)
+        assert victim is not None, "the consumer never fetched remote data through a worker"
+        os.kill(victim, signal.SIGKILL)
+        served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+        consumer.join(200)
+        assert done.is_set()
+        assert in_partition_order(consumed) == expected  # every record, once, in order
+        assert len(consumed) == total
+        survivors = served.workers()
+        assert len(survivors) == 2 and victim not in survivors and survivors & first
+        exposition = scrape(metrics_port)
+        # The killed worker's counters stay in the sums; every remote byte was served once at least.
+        remote_bytes = sum(len(r.value) + len(r.key) for p in range(PARTITIONS) for r in data.remote(p))
+        assert sample(exposition, "tierproxy_remote_fetch_bytes_total") >= remote_bytes
+        assert "pid=" not in exposition  # live gauges are summed, not one series per worker
+    finally:
+        status = served.stop()
+    assert status == 0, served.output
+    assert "worker-0 tierproxy: stopped" in served.output and "worker-1 tierproxy: stopped" in served.output
+
+
+def test_workers_exit_with_their_supervisor(kafka_cluster, tiered, tmp_path):
+    data, root = tiered
+    served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+    served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+    workers = served.workers()
+    assert len(workers) == 2
+    served.process.kill()
+    served.process.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in workers):
+        assert time.monotonic() < deadline, "workers outlived their supervisor"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
+
+
+def test_a_port_taken_stops_every_worker_with_the_address(kafka_cluster, tiered, tmp_path):
+    data, root = tiered
+    taken = socket.socket()
+    taken.bind((LOOPBACK, 0))
+    taken.listen()
+    try:
+        served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers,
+                             **{"proxy.bootstrap.port": taken.getsockname()[1]})
+        served.process.wait(60)
+        served.stop()
+    finally:
+        taken.close()
+    assert served.process.returncode == 1, served.output
+    assert f"cannot open the bootstrap listener on {LOOPBACK}:{taken.getsockname()[1] if False else ''}" \
+        in served.output or "cannot open the bootstrap listener" in served.output
+    assert "cannot start" in served.output
