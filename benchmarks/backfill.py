@@ -1,37 +1,47 @@
-"""Backfill throughput: the same consumer and the same data, direct and through the proxy.
+"""Backfill throughput: the same consumer and the same data, direct, through the proxy, and
+from Kafka's own tiered storage.
 
-One run starts a real broker (testbed, Kafka on loopback) and moto's S3 server, then for
-each partition count (`--partitions 1,8`):
+One run starts a real broker (testbed, Kafka on loopback), with `e` in `--cases` a second
+broker with Kafka's native tiered storage, and with `d` moto's S3 server. Both brokers run
+with the G1 settings Kafka's documentation recommends (KAFKA_G1 below). For each partition
+count (`--partitions 1,8`) the same data set (`--mb` MB of 1 KiB incompressible records,
+librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
 
-1. produces `--mb` MB of 1 KiB incompressible records (librdkafka, uncompressed, 1 MiB
-   batches) into a new topic;
-2. tiers every byte of it with the pipeline's copy task and commit (`pipeline.copy.run_copy`,
-   `pipeline.commit.commit_partition`; what a `tierproxy tier` pass runs in its Spark tasks,
-   here without Spark), once to local files and once to S3;
-3. replays the topic from offset 0 with the loadtest's consumer (`tierproxy.loadtest.LoadTest`,
-   confluent-kafka) in four cases:
-   (a) direct from the broker;
-   (b) through the proxy, tail: the data is still local on the broker;
-   then the broker's log is trimmed to its end with DeleteRecords, and
-   (c) through the proxy, remote from local files;
-   (d) through the proxy, remote from S3.
+- `<name>-local` on the broker, kept local: (a) direct from the broker; (b) through the
+  proxy, tail (the data is still local);
+- `<name>-remote` on the broker, tiered entirely with the pipeline's copy task and commit
+  (`pipeline.copy.run_copy`, `pipeline.commit.commit_partition`, what a `tierproxy tier`
+  pass runs in its Spark tasks, here without Spark) to local files and to S3, then trimmed
+  to its end with DeleteRecords: (c) through the proxy, remote from local files; (d) the
+  same from S3; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
+  with `proxy.workers=1` and `proxy.workers=2`;
+- `<name>` on the native broker, topic `remote.storage.enable=true`,
+  `local.retention.bytes=1`, tiered by Kafka itself (`LocalTieredStorage` from the
+  `kafka-storage` test jar, the default `TopicBasedRemoteLogMetadataManager`): after the
+  data, one more record per partition rolls the last segment, and the run waits until that
+  record's segment is the only one left in the broker's log directory: (e) direct from
+  the native broker, everything but the one record per partition read from remote storage.
 
-The proxy runs as a `tierproxy serve` subprocess, started afresh for every replay (cold
-caches); its peak RSS is VmHWM from /proc/<pid>/status just before it is stopped. Each case
-is replayed `--repeats` times; the best MB/s counts (the machine is shared), RSS is the
-largest seen. After each proxy replay its metrics endpoint is read: remote reads, how many
-ran out of `remote.fetch.max.wait.ms`, their mean time. `--client-config KEY=VALUE` sets a
-consumer property in every case (e.g. `fetch.wait.max.ms=100`).
+Rounds (`--repeats`) interleave the cases (a, e, c, b, d, w, W, then again), so every
+side sees the same noise. In each round each case replays twice: "cold" is the first
+replay (the proxy a fresh process with empty caches; Kafka's RemoteIndexCache is empty
+only in the first round), "warm" the second right after it. Segment files are in the OS
+page cache in every case. Each row gives the best MB/s of its rounds, with the CPU seconds
+per GB of the broker and of the proxy (every process of it) in that replay. After each
+proxy replay the proxy's metrics count remote reads and how many ran out of
+`remote.fetch.max.wait.ms`. `--client-config KEY=VALUE` sets a consumer property in every
+case (e.g. `fetch.wait.max.ms=100`).
 
-    .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1,8
+    .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1,8 --cases aec
 
-Targets: (b)/(a) >= 0.9 and (c)/(a) >= 1.0. Everything it starts is stopped at the end.
+Targets: (c) >= 1.5x (e) and (c) >= 1.0x (a), cold. Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import os
 import platform
@@ -51,10 +61,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CASES = (
     ("a", "direct from the broker"),
-    ("b", "proxy, tail (local on the broker)"),
+    ("e", "Kafka native tiered storage"),
     ("c", "proxy, remote from local files"),
+    ("b", "proxy, tail (local on the broker)"),
     ("d", "proxy, remote from S3"),
+    ("w", "proxy, remote, 4 replays, 1 worker"),
+    ("W", "proxy, remote, 4 replays, 2 workers"),
 )
+SEGMENT_BYTES = 16 * 1024 * 1024  # remote segments on both sides
+CONCURRENT_REPLAYS = 4  # cases w and W
+# Kafka's documented production JVM settings ("Java Version" in its operations docs).
+KAFKA_G1 = ("-Xmx6g", "-Xms6g", "-XX:MetaspaceSize=96m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35", "-XX:G1HeapRegionSize=16M", "-XX:MinMetaspaceFreeRatio=50",
+            "-XX:MaxMetaspaceFreeRatio=80", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+
+
+def native_broker_config(remote_dir: Path) -> dict[str, str]:
+    """Kafka's own tiered storage on one testbed broker (KIP-405 configs)."""
+    return {
+        "remote.log.storage.system.enable": "true",
+        "remote.log.storage.manager.class.name": "org.apache.kafka.server.log.remote.storage.LocalTieredStorage",
+        "rsm.config.dir": str(remote_dir),
+        "remote.log.metadata.manager.listener.name": "INTERNAL",
+        "rlmm.config.remote.log.metadata.topic.replication.factor": "1",
+        "rlmm.config.remote.log.metadata.topic.num.partitions": "5",
+        "remote.log.manager.task.interval.ms": "500",
+        "log.retention.check.interval.ms": "500",
+        "log.segment.bytes": str(SEGMENT_BYTES),
+    }
+
+
+def native_topic_config() -> dict[str, str]:
+    return {"remote.storage.enable": "true", "local.retention.bytes": "1", "segment.bytes": str(SEGMENT_BYTES),
+            "segment.ms": "1000"}
+
+
+def tier_natively(bootstrap: str, log_dir: Path, topic: str, partitions: int, timeout_s: float = 900.0) -> int:
+    """Roll every partition's last segment with one more record, then wait until Kafka has
+    tiered and deleted locally every segment before it (Kafka deletes a local segment only
+    once it is copied); returns the records added."""
+    from confluent_kafka import Producer
+
+    time.sleep(1.5)  # past segment.ms, so the next append rolls
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(partitions):
+        producer.produce(topic, value=b"roll", key=b"roll", partition=partition)
+    if producer.flush(30):
+        raise RuntimeError("the rolling records were not delivered")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        local = {p: len(list((log_dir / f"{topic}-{p}").glob("*.log"))) for p in range(partitions)}
+        if all(count == 1 for count in local.values()):
+            return partitions
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kafka did not tier {topic} within {timeout_s:.0f} s: local segments {local}")
+        time.sleep(1.0)
 
 
 def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> dict[str, str]:
@@ -69,7 +130,7 @@ def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> d
         "remote.log.metadata.backend": "file",
         "remote.log.metadata.dir": str(tmp / f"metadata-{backend}"),
         f"topic.{topic}.remote.storage.enable": "true",
-        f"topic.{topic}.segment.bytes": str(64 * 1024 * 1024),
+        f"topic.{topic}.segment.bytes": str(SEGMENT_BYTES),
         f"topic.{topic}.segment.ms": "1",  # ship the last segment too: every byte goes remote
     }
     if backend == "local":
@@ -192,6 +253,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its children (the proxy's supervisor and workers)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [pid, *(int(c) for c in children.read_text().split())] if children.exists() else [pid]
+    return sum(cpu_seconds(p) for p in pids)
+
+
 def _vm_hwm_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -199,32 +267,62 @@ def _vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def replay(bootstrap: str, topic: str, consumers: int, expected_records: int, client_config: dict[str, str]):
+def replay(bootstrap: str, topic: str, expected_records: int, client_config: dict[str, str], *,
+           consumers: int = 1, replays: int = 1):
     from tierproxy.loadtest import LoadTest
 
     # Runs last seconds: a finer statistics window than the command's default 1 s.
-    summary = LoadTest(bootstrap, topic, consumers=consumers, stats_interval_ms=250,
+    summary = LoadTest(bootstrap, topic, consumers=consumers, replays=replays, stats_interval_ms=250,
                        client_config=client_config).run()
-    if summary.records != expected_records or summary.errors:
-        raise RuntimeError(f"replay via {bootstrap}: {summary.records} records of {expected_records}, "
+    if summary.records != expected_records * replays or summary.errors:
+        raise RuntimeError(f"replay via {bootstrap}: {summary.records} records of {expected_records * replays}, "
                            f"errors {summary.errors}")
     return summary
+
+
+class Measured:
+    """One replay: the loadtest's summary and the CPU seconds of the broker and the proxy."""
+
+    def __init__(self, summary, broker_cpu: float, proxy_cpu: float, counters: dict[str, float] | None) -> None:
+        self.summary = summary
+        self.broker_cpu = broker_cpu
+        self.proxy_cpu = proxy_cpu
+        self.counters = counters
+
+    def per_gb(self, seconds: float) -> float:
+        return seconds / (self.summary.bytes / 1e9)
+
+
+def measured_replays(bootstrap: str, topic: str, records: int, client_config: dict[str, str], broker_pid: int,
+                     proxy: dict | None, metrics_port: int | None, replays: int) -> list[Measured]:
+    """A cold and a warm replay, back to back, on the same broker (and proxy process)."""
+    out = []
+    for _ in ("cold", "warm"):
+        broker = cpu_seconds(broker_pid)
+        proxy_cpu = tree_cpu_seconds(proxy["pid"]) if proxy else 0.0
+        summary = replay(bootstrap, topic, records, client_config, replays=replays)
+        broker = cpu_seconds(broker_pid) - broker
+        proxy_cpu = tree_cpu_seconds(proxy["pid"]) - proxy_cpu if proxy else 0.0
+        out.append(Measured(summary, broker, proxy_cpu, proxy_counters(metrics_port) if metrics_port else None))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=300, help="MB per partition count (default 300)")
     parser.add_argument("--partitions", default="1,8", help="partition counts (default 1,8)")
-    parser.add_argument("--consumers", type=int, default=1, help="loadtest consumers (default 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="replays per case; the best counts (default 3)")
-    parser.add_argument("--cases", default="abcd")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of interleaved cases; the best counts "
+                                                             "(default 3)")
+    parser.add_argument("--cases", default="aecbd", help="case letters (default aecbd; also w, W)")
     parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
-    parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per replay")
+    parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per round")
     args = parser.parse_args()
     from tierproxy.loadtest import parse_client_config
 
     client_config = parse_client_config(args.client_config)
+    cases = [(case, label) for case, label in CASES if case in args.cases]
+    wanted = {case for case, _ in cases}
 
     from testbed.kafka import KafkaCluster
     from testbed.s3 import S3Server
@@ -233,70 +331,99 @@ def main() -> int:
     print(f"machine: {platform.node()} {platform.machine()}, nproc {os.cpu_count()}, "
           f"python {platform.python_version()}, date {datetime.datetime.now().isoformat(timespec='seconds')}")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="backfill-bench-") as tmp_name, \
-            KafkaCluster(1, broker_config={"log.segment.bytes": 256 * 1024 * 1024}) as kafka, \
-            S3Server() as s3:
-        tmp = Path(tmp_name)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="backfill-bench-")))
+        kafka = stack.enter_context(KafkaCluster(1, broker_config={"log.segment.bytes": SEGMENT_BYTES},
+                                                 jvm_options=KAFKA_G1))
+        native = (stack.enter_context(KafkaCluster(1, broker_config=native_broker_config(tmp / "native"),
+                                                   jvm_options=KAFKA_G1)) if "e" in wanted else None)
+        s3 = stack.enter_context(S3Server()) if "d" in wanted else None
         for partitions in [int(p) for p in args.partitions.split(",")]:
-            topic = f"backfill-{partitions}p"
-            kafka.create_topic(topic, partitions=partitions)
-            started = time.perf_counter()
-            records = produce(kafka.bootstrap_servers, topic, partitions, args.mb)
-            print(f"\n{topic}: {records:,} records produced in {time.perf_counter() - started:.1f}s", flush=True)
-            properties = {backend: properties_for(tmp / topic, kafka.bootstrap_servers, topic, backend, s3)
-                          for backend in ("local", "s3")}
-            for backend in ("local", "s3") if set(args.cases) & set("cd") else ():
+            name = f"backfill-{partitions}p"
+            local_topic, remote_topic = f"{name}-local", f"{name}-remote"
+            records = 0
+            for cluster, topic, config, needed in (
+                    (kafka, local_topic, None, wanted & set("ab")),
+                    (kafka, remote_topic, None, wanted & set("cdwW")),
+                    (native, name, native_topic_config(), native is not None)):
+                if not needed:
+                    continue
+                cluster.create_topic(topic, partitions=partitions, config=config)
+                started = time.perf_counter()
+                records = produce(cluster.bootstrap_servers, topic, partitions, args.mb)
+                print(f"\n{topic}: {records:,} records produced in {time.perf_counter() - started:.1f}s", flush=True)
+            backends = [b for b, letters in (("local", "cwW"), ("s3", "d")) if wanted & set(letters)]
+            properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b, s3)
+                          for b in backends}
+            for backend in backends:
                 started = time.perf_counter()
                 copied = asyncio.run(tier_everything(properties[backend]))
                 print(f"  tiered {copied / MB:.1f} MB to {backend} in {time.perf_counter() - started:.1f}s",
                       flush=True)
-            results: dict[str, tuple[float, int | None, object]] = {}
-            for case, label in CASES:
-                if case not in args.cases:
-                    continue
-                if case == "c":
-                    asyncio.run(trim_to_end(kafka.bootstrap_servers, topic))
-                best, rss = None, None
-                for attempt in range(args.repeats):
+            if backends:
+                asyncio.run(trim_to_end(kafka.bootstrap_servers, remote_topic))
+            if native is not None:
+                started = time.perf_counter()
+                extra = tier_natively(native.bootstrap_servers, native.log_dirs[0], name, partitions)
+                print(f"  Kafka tiered {name} in {time.perf_counter() - started:.1f}s "
+                      f"(after {extra} rolling records)", flush=True)
+            results: dict[tuple[str, str], list[Measured]] = {}
+            for round_ in range(args.repeats):
+                for case, label in cases:
+                    replays = CONCURRENT_REPLAYS if case in "wW" else 1
                     if case == "a":
-                        summary = replay(kafka.bootstrap_servers, topic, args.consumers, records, client_config)
+                        runs = measured_replays(kafka.bootstrap_servers, local_topic, records, client_config,
+                                                kafka.pids[0], None, None, replays)
+                    elif case == "e":
+                        runs = measured_replays(native.bootstrap_servers, name, records + partitions,
+                                                client_config, native.pids[0], None, None, replays)
                     else:
                         backend = "s3" if case == "d" else "local"
-                        profile = (Path(args.profile) / f"{topic}-{case}-{attempt}.prof"
-                                   if args.profile else None)
-                        with proxy_process(properties[backend], tmp / topic / f"proxy-{case}-{attempt}",
-                                           profile) as proxy:
-                            cpu = cpu_seconds(proxy["pid"])
-                            summary = replay(proxy["bootstrap"], topic, args.consumers, records, client_config)
-                            cpu = cpu_seconds(proxy["pid"]) - cpu
-                            counters = proxy_counters(int(properties[backend]["metrics.port"]))
-                        rss = max(rss or 0, proxy["vm_hwm_kb"])
-                    print(f"  ({case}) {label:35} {summary.mb_per_s:7.1f} MB/s  {summary.seconds:5.2f}s  "
-                          f"fetch p50/p99 {_ms(summary.fetch_latency_p50_ms)}/{_ms(summary.fetch_latency_p99_ms)} ms"
-                          + (f"  proxy VmHWM {proxy['vm_hwm_kb'] / 1024:.0f} MiB, CPU {cpu:.2f}s, "
-                             f"remote reads {counters['reads']:.0f} ({counters['expired']:.0f} expired, "
-                             f"mean {_ms(1000 * counters['read_s'] / max(counters['reads'], 1))} ms)"
-                             if case != "a" else ""),
-                          flush=True)
-                    if best is None or summary.mb_per_s > best.mb_per_s:
-                        best = summary
-                results[case] = (best.mb_per_s, rss, best)
-            direct = results.get("a", (None,))[0]
-            for case, label in CASES:
-                if case in results:
-                    rate, rss, best = results[case]
-                    rows.append((partitions, case, label, best.bytes / MB, rate,
-                                 rate / direct if direct else None, rss, best))
-            kafka.delete_topic(topic)
+                        serving = dict(properties[backend] if backend in properties else
+                                       properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, "local", s3))
+                        serving["proxy.workers"] = "2" if case == "W" else "1"
+                        profile = Path(args.profile) / f"{name}-{case}-{round_}.prof" if args.profile else None
+                        with proxy_process(serving, tmp / name / f"proxy-{case}-{round_}", profile) as proxy:
+                            runs = measured_replays(proxy["bootstrap"], local_topic if case == "b" else remote_topic,
+                                                    records, client_config, kafka.pids[0], proxy,
+                                                    int(serving["metrics.port"]), replays)
+                    for phase, run in zip(("cold", "warm"), runs):
+                        results.setdefault((case, phase), []).append(run)
+                        print(f"  round {round_ + 1} ({case}) {label:37} {phase}  {_line(run)}", flush=True)
+            for phase in ("cold", "warm"):
+                best = {case: max(runs, key=lambda r: r.summary.mb_per_s)
+                        for (case, p), runs in results.items() if p == phase}
+                for case, label in cases:
+                    if case in best:
+                        rows.append((partitions, case, label, phase, best[case], best.get("a"), best.get("e")))
+            for cluster, topic in ((kafka, local_topic), (kafka, remote_topic), (native, name)):
+                if cluster is not None and topic in cluster.admin().list_topics(timeout=30).topics:
+                    cluster.delete_topic(topic)
     print()
-    print("| partitions | case | MB | MB/s | ratio to (a) | fetch p50 / p99 ms | proxy peak RSS (VmHWM) |")
-    print("|---|---|---|---|---|---|---|")
-    for partitions, case, label, mb, rate, ratio, rss, best in rows:
-        ratio_cell = f"{ratio:.2f}" if ratio is not None else "-"
-        rss_cell = f"{rss / 1024:.0f} MiB" if rss else "-"
-        print(f"| {partitions} | ({case}) {label} | {mb:.1f} | {rate:.1f} | {ratio_cell} | "
-              f"{_ms(best.fetch_latency_p50_ms)} / {_ms(best.fetch_latency_p99_ms)} | {rss_cell} |")
+    print("| partitions | case | replay | MB | MB/s | vs (a) | vs (e) | fetch p50 / p99 ms | broker CPU s/GB "
+          "| proxy CPU s/GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for partitions, case, label, phase, run, direct, native_run in rows:
+        summary = run.summary
+        versus = [f"{summary.mb_per_s / other.summary.mb_per_s:.2f}" if other else "-" for other in (direct, native_run)]
+        print(f"| {partitions} | ({case}) {label} | {phase} | {summary.bytes / MB:.1f} | {summary.mb_per_s:.1f} | "
+              f"{versus[0]} | {versus[1]} | {_ms(summary.fetch_latency_p50_ms)} / "
+              f"{_ms(summary.fetch_latency_p99_ms)} | {run.per_gb(run.broker_cpu):.2f} | "
+              f"{run.per_gb(run.proxy_cpu):.2f} |")
     return 0
+
+
+def _line(run: Measured) -> str:
+    summary = run.summary
+    line = (f"{summary.mb_per_s:7.1f} MB/s  {summary.seconds:5.2f}s  fetch p50/p99 "
+            f"{_ms(summary.fetch_latency_p50_ms)}/{_ms(summary.fetch_latency_p99_ms)} ms  "
+            f"broker CPU {run.broker_cpu:.2f}s")
+    if run.counters is not None:
+        counters = run.counters
+        line += (f"  proxy CPU {run.proxy_cpu:.2f}s, remote reads {counters['reads']:.0f} "
+                 f"({counters['expired']:.0f} expired, mean "
+                 f"{_ms(1000 * counters['read_s'] / max(counters['reads'], 1))} ms)")
+    return line
 
 
 def _ms(value: float | None) -> str:
