@@ -362,24 +362,46 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, entry: ObjectEntry, first: int,
                            start: int, last: int) -> AsyncIterator[bytes | memoryview]:
     """The bytes [start, last] of a read that began at block boundary `first`, each block
-    compared with its CRC-32C in the manifest before any of it is passed on."""
+    compared with its CRC-32C in the manifest before any of it is passed on.
+
+    Whole blocks inside a chunk are checked and passed on as views of it; only a block
+    split between two chunks is copied together.
+    """
     block_bytes = entry.block_bytes
     end = min(entry.size, (last // block_bytes + 1) * block_bytes)  # where the read stops
     position, pending = first, bytearray()
+
+    def checked(block: bytes | memoryview) -> memoryview | None:
+        index = position // block_bytes
+        if crc32c.crc32c(block) != entry.blocks[index]:
+            raise CorruptRemoteSegment(f"{key}: block {index} (bytes {position}-{position + len(block) - 1}) "
+                                       "fails its CRC-32C in the manifest")
+        low, high = max(start, position), min(last + 1, position + len(block))
+        return memoryview(block)[low - position:high - position] if low < high else None
+
     async for chunk in chunks:
-        pending += chunk
+        view = memoryview(chunk)
+        if pending:  # complete the block the previous chunk began
+            need = min(block_bytes, end - position) - len(pending)
+            pending += view[:need]
+            view = view[need:]
+            if position + len(pending) < min(position + block_bytes, end):
+                continue
+            part = checked(bytes(pending))
+            if part is not None:
+                yield part
+            position += len(pending)
+            pending = bytearray()
         # A block is whole at block_bytes, or where the read ends (the object's last block).
-        while pending and (len(pending) >= block_bytes or position + len(pending) == end):
-            data = bytes(pending[:block_bytes])
-            del pending[:block_bytes]
-            index = position // block_bytes
-            if crc32c.crc32c(data) != entry.blocks[index]:
-                raise CorruptRemoteSegment(f"{key}: block {index} (bytes {position}-{position + len(data) - 1}) "
-                                           "fails its CRC-32C in the manifest")
-            low, high = max(start, position), min(last + 1, position + len(data))
-            if low < high:
-                yield memoryview(data)[low - position:high - position]
-            position += len(data)
+        while view and position < end and (len(view) >= block_bytes or position + len(view) >= end):
+            block = view[:min(block_bytes, end - position)]
+            part = checked(block)
+            if part is not None:
+                yield part
+            position += len(block)
+            view = view[len(block):]
+        if view:
+            pending += view
 
 
 def _entry(manifest: Manifest, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> ObjectEntry:
