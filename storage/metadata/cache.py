@@ -187,6 +187,10 @@ class RemoteLogMetadataCache:
 
     def __init__(self) -> None:
         self._partitions: dict[TopicIdPartition, PartitionState] = {}
+        # Per-partition answers every remote fetch asks for, kept until the next write:
+        # sorting the segments of a long remote log once per read would cost more than the read.
+        self._sorted: dict[TopicIdPartition, list[RemoteLogSegmentMetadata]] = {}
+        self._log_start: dict[TopicIdPartition, int | None] = {}
 
     # ------------------------------------------------------------------ writes
 
@@ -214,6 +218,7 @@ class RemoteLogMetadataCache:
     def apply(self, record: RemoteLogMetadata) -> None:
         """Checks then applies; raises (changing nothing) on a broken rule."""
         self.check(record)
+        self._changed()
         self._apply(record)
 
     def replay(self, record: RemoteLogMetadata) -> bool:
@@ -223,12 +228,18 @@ class RemoteLogMetadataCache:
         except RemoteLogMetadataError as exc:
             log.warning("dropping remote log metadata record %s: %s", record, exc)
             return False
+        self._changed()
         self._apply(record)
         return True
+
+    def _changed(self) -> None:
+        self._sorted.clear()
+        self._log_start.clear()
 
     def restore(self, record: RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata) -> None:
         """Loads one entry of a materialized snapshot: a segment in any state but
         DELETE_SEGMENT_FINISHED, or a partition's delete state. No transition check."""
+        self._changed()
         tp = record.topic_id_partition
         p = self._partitions.setdefault(tp, PartitionState())
         if isinstance(record, RemotePartitionDeleteMetadata):
@@ -347,7 +358,10 @@ class RemoteLogMetadataCache:
         if p is None:
             return []
         if leader_epoch is None:
-            segments = list(p.segments.values())
+            known = self._sorted.get(tp)
+            if known is None:
+                known = self._sorted[tp] = sorted(p.segments.values(), key=lambda m: (m.start_offset, m.end_offset))
+            return list(known)
         else:
             state = p.epochs.get(leader_epoch)
             segments = [p.segments[i] for i in state.segment_ids()] if state is not None else []
@@ -373,7 +387,9 @@ class RemoteLogMetadataCache:
 
     def log_start_offset(self, tp: TopicIdPartition) -> int | None:
         """Lowest start offset of the COPY_SEGMENT_FINISHED segments (the remote log start)."""
-        return min((m.start_offset for m in self._finished(tp)), default=None)
+        if tp not in self._log_start:
+            self._log_start[tp] = min((m.start_offset for m in self._finished(tp)), default=None)
+        return self._log_start[tp]
 
     def log_end_offset(self, tp: TopicIdPartition) -> int | None:
         """Highest end offset of the COPY_SEGMENT_FINISHED segments (the last offset in remote storage)."""
