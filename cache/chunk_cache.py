@@ -188,7 +188,8 @@ class ChunkCache:
             async with contextlib.aclosing(stream):
                 async for part in stream:
                     parts.append(part)
-            data = b"".join(parts)
+            # One part is the store's own buffer (a whole chunk read at once): no copy.
+            data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
         finally:
             self._reserved_bytes -= reserved
         if len(data) != expected:

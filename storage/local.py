@@ -21,7 +21,9 @@ from .manifest import Crc32cAccumulator, ObjectEntry
 from .model import TopicIdPartition
 from .rsm import ObjectStoreRemoteStorageManager, partition_key_prefix
 
-DEFAULT_CHUNK_BYTES = 1 << 20
+# As large as the proxy's default chunk (remote.log.chunk.size.bytes), so that a chunk is
+# read in one pread and reaches the cache as that one buffer, not copied together from pieces.
+DEFAULT_CHUNK_BYTES = 4 << 20
 
 # Conditions that may clear by themselves; anything else (permissions, a file
 # where a directory should be) needs an operator.

@@ -381,6 +381,15 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
 
     async for chunk in chunks:
         view = memoryview(chunk)
+        if not pending and start <= position and position + len(view) <= last + 1 \
+                and (len(view) % block_bytes == 0 or position + len(view) == end):
+            # The chunk is whole blocks, all wanted: checked, and passed on as it came.
+            while view:
+                checked(view[:block_bytes])
+                position += len(view[:block_bytes])
+                view = view[block_bytes:]
+            yield chunk
+            continue
         if pending:  # complete the block the previous chunk began
             need = min(block_bytes, end - position) - len(pending)
             pending += view[:need]
