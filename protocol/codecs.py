@@ -17,6 +17,7 @@ import io
 import struct
 
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import fields
 from types import MappingProxyType
@@ -64,6 +65,7 @@ __all__ = (
     "encode_request",
     "encode_response",
     "kio_versions",
+    "preload",
     "request_schema",
     "response_schema",
 )
@@ -87,6 +89,17 @@ INTERCEPTED: Mapping[ApiKey, range] = MappingProxyType(
         ApiKey.LIST_OFFSETS: kio_versions(ApiKey.LIST_OFFSETS, 1),
     }
 )
+
+
+def preload(api_keys: Iterable[int] = INTERCEPTED) -> None:
+    """Import the schemas of the intercepted APIs at every version and build their codecs,
+    so that a server pays for it at start-up rather than on its clients' first requests."""
+    for api_key in api_keys:
+        for version in INTERCEPTED[api_key]:
+            for schema in (request_schema(api_key, version), response_schema(api_key, version)):
+                _entity_walk(schema)
+                _reader(schema)
+                _writer(schema)
 
 
 def _schema(load: Callable[[int, int], type], api_key: int, api_version: int) -> type:

@@ -9,6 +9,7 @@ import logging
 import signal
 
 from config import Config
+from protocol.codecs import preload
 
 from .handlers import InterceptorRegistry
 from .handlers.addresses import address_rewriters
@@ -49,6 +50,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+    preload()  # the codecs of the intercepted APIs, before the first client needs them
     metrics = ProxyMetrics()
     server = ProxyServer(config, build_interceptors(config, metrics, worker=worker), metrics, reuse_port=worker)
     http = None
