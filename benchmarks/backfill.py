@@ -46,6 +46,7 @@ import datetime
 import os
 import platform
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +54,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark_data import MB, produce  # beside this script
@@ -307,6 +309,50 @@ def measured_replays(bootstrap: str, topic: str, records: int, client_config: di
     return out
 
 
+@dataclass
+class DataSet:
+    """One partition count's topics: the same records on every side."""
+
+    name: str  # the native broker's topic
+    local_topic: str  # kept local on the broker: (a), (b)
+    remote_topic: str  # tiered by the pipeline and trimmed: (c), (d), (w), (W)
+    records: int
+    partitions: int
+    properties: dict[str, dict[str, str]]  # by backend: the pipeline's and the proxy's configuration
+    workdir: Path
+
+
+@contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """A process stopped (SIGSTOP) for the block, then continued."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def run_case(case: str, round_: int, data: DataSet, kafka, native, s3, client_config: dict[str, str],
+             profile_dir: str | None) -> list[Measured]:
+    """A case's cold and warm replays."""
+    replays = CONCURRENT_REPLAYS if case in "wW" else 1
+    if case == "a":
+        return measured_replays(kafka.bootstrap_servers, data.local_topic, data.records, client_config,
+                                kafka.pids[0], None, None, replays)
+    if case == "e":
+        return measured_replays(native.bootstrap_servers, data.name, data.records + data.partitions, client_config,
+                                native.pids[0], None, None, replays)
+    backend = "s3" if case == "d" else "local"
+    serving = dict(data.properties.get(backend) or
+                   properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", s3))
+    serving["proxy.workers"] = "2" if case == "W" else "1"
+    profile = Path(profile_dir) / f"{data.name}-{case}-{round_}.prof" if profile_dir else None
+    with proxy_process(serving, data.workdir / f"proxy-{case}-{round_}", profile) as proxy:
+        return measured_replays(proxy["bootstrap"], data.local_topic if case == "b" else data.remote_topic,
+                                data.records, client_config, kafka.pids[0], proxy, int(serving["metrics.port"]),
+                                replays)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=300, help="MB per partition count (default 300)")
@@ -367,26 +413,15 @@ def main() -> int:
                 extra = tier_natively(native.bootstrap_servers, native.log_dirs[0], name, partitions)
                 print(f"  Kafka tiered {name} in {time.perf_counter() - started:.1f}s "
                       f"(after {extra} rolling records)", flush=True)
+            data = DataSet(name, local_topic, remote_topic, records, partitions, properties, tmp / name)
             results: dict[tuple[str, str], list[Measured]] = {}
             for round_ in range(args.repeats):
                 for case, label in cases:
-                    replays = CONCURRENT_REPLAYS if case in "wW" else 1
-                    if case == "a":
-                        runs = measured_replays(kafka.bootstrap_servers, local_topic, records, client_config,
-                                                kafka.pids[0], None, None, replays)
-                    elif case == "e":
-                        runs = measured_replays(native.bootstrap_servers, name, records + partitions,
-                                                client_config, native.pids[0], None, None, replays)
-                    else:
-                        backend = "s3" if case == "d" else "local"
-                        serving = dict(properties[backend] if backend in properties else
-                                       properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, "local", s3))
-                        serving["proxy.workers"] = "2" if case == "W" else "1"
-                        profile = Path(args.profile) / f"{name}-{case}-{round_}.prof" if args.profile else None
-                        with proxy_process(serving, tmp / name / f"proxy-{case}-{round_}", profile) as proxy:
-                            runs = measured_replays(proxy["bootstrap"], local_topic if case == "b" else remote_topic,
-                                                    records, client_config, kafka.pids[0], proxy,
-                                                    int(serving["metrics.port"]), replays)
+                    # The broker a case does not read from is paused, so that its background
+                    # work (Kafka's remote log tasks, G1) is not charged to the other side.
+                    idle = kafka if case == "e" else native
+                    with paused(idle.pids[0]) if idle is not None else contextlib.nullcontext():
+                        runs = run_case(case, round_, data, kafka, native, s3, client_config, args.profile)
                     for phase, run in zip(("cold", "warm"), runs):
                         results.setdefault((case, phase), []).append(run)
                         print(f"  round {round_ + 1} ({case}) {label:37} {phase}  {_line(run)}", flush=True)
