@@ -2,7 +2,8 @@
 from Kafka's own tiered storage.
 
 One run starts a real broker (testbed, Kafka on loopback), with `e` in `--cases` a second
-broker with Kafka's native tiered storage, and with `d` moto's S3 server. Both brokers run
+broker with Kafka's native tiered storage, and with `d` or `f` S3Proxy (testbed.s3proxy,
+a real S3 endpoint fast enough to measure against). Both brokers run
 with the G1 settings Kafka's documentation recommends (KAFKA_G1 below). For each partition
 count (`--partitions 1,8`) the same data set (`--mb` MB of 1 KiB incompressible records,
 librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
@@ -13,7 +14,8 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   (`pipeline.copy.run_copy`, `pipeline.commit.commit_partition`, what a `tierproxy tier`
   pass runs in its Spark tasks, here without Spark) to local files and to S3, then trimmed
   to its end with DeleteRecords: (c) through the proxy, remote from local files; (d) the
-  same from S3; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
+  same from S3; (f) from S3 through testbed.latency's relay, which holds back the first byte
+  of every response `--first-byte-ms` (20) as a real object store does; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
   with `proxy.workers=1` and `proxy.workers=2`;
 - `<name>` on the native broker, topic `remote.storage.enable=true`,
   `local.retention.bytes=1`, tiered by Kafka itself (`LocalTieredStorage` from the
@@ -22,7 +24,7 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   record's segment is the only one left in the broker's log directory: (e) direct from
   the native broker, everything but the one record per partition read from remote storage.
 
-Rounds (`--repeats`) interleave the cases (a, e, c, b, d, w, W, then again), so every
+Rounds (`--repeats`) interleave the cases (a, e, c, b, d, f, w, W, then again), so every
 side sees the same noise. In each round each case replays twice: "cold" is the first
 replay (the proxy a fresh process with empty caches; Kafka's RemoteIndexCache is empty
 only in the first round), "warm" the second right after it. Segment files are in the OS
@@ -66,7 +68,8 @@ CASES = (
     ("e", "Kafka native tiered storage"),
     ("c", "proxy, remote from local files"),
     ("b", "proxy, tail (local on the broker)"),
-    ("d", "proxy, remote from S3"),
+    ("d", "proxy, remote from S3 (S3Proxy)"),
+    ("f", "proxy, remote from S3, 20 ms first byte"),
     ("w", "proxy, remote, 4 replays, 1 worker"),
     ("W", "proxy, remote, 4 replays, 2 workers"),
 )
@@ -332,7 +335,7 @@ def paused(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def run_case(case: str, round_: int, data: DataSet, kafka, native, s3, client_config: dict[str, str],
+def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client_config: dict[str, str],
              profile_dir: str | None) -> list[Measured]:
     """A case's cold and warm replays."""
     replays = CONCURRENT_REPLAYS if case in "wW" else 1
@@ -342,10 +345,12 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, s3, client_co
     if case == "e":
         return measured_replays(native.bootstrap_servers, data.name, data.records + data.partitions, client_config,
                                 native.pids[0], None, None, replays)
-    backend = "s3" if case == "d" else "local"
+    backend = "s3" if case in "df" else "local"
     serving = dict(data.properties.get(backend) or
-                   properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", s3))
+                   properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", None))
     serving["proxy.workers"] = "2" if case == "W" else "1"
+    if case == "f":  # the same objects, each GET's first byte held back by the relay
+        serving["remote.log.storage.s3.endpoint.url"] = relay.endpoint_url
     profile = Path(profile_dir) / f"{data.name}-{case}-{round_}.prof" if profile_dir else None
     with proxy_process(serving, data.workdir / f"proxy-{case}-{round_}", profile) as proxy:
         return measured_replays(proxy["bootstrap"], data.local_topic if case == "b" else data.remote_topic,
@@ -359,7 +364,8 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,8", help="partition counts (default 1,8)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of interleaved cases; the best counts "
                                                              "(default 3)")
-    parser.add_argument("--cases", default="aecbd", help="case letters (default aecbd; also w, W)")
+    parser.add_argument("--cases", default="aecbdf", help="case letters (default aecbdf; also w, W)")
+    parser.add_argument("--first-byte-ms", type=float, default=20.0, help="the relay's latency in case (f)")
     parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per round")
@@ -371,7 +377,8 @@ def main() -> int:
     wanted = {case for case, _ in cases}
 
     from testbed.kafka import KafkaCluster
-    from testbed.s3 import S3Server
+    from testbed.latency import LatencyRelay
+    from testbed.s3proxy import S3ProxyServer
 
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
     print(f"machine: {platform.node()} {platform.machine()}, nproc {os.cpu_count()}, "
@@ -383,7 +390,9 @@ def main() -> int:
                                                  jvm_options=KAFKA_G1))
         native = (stack.enter_context(KafkaCluster(1, broker_config=native_broker_config(tmp / "native"),
                                                    jvm_options=KAFKA_G1)) if "e" in wanted else None)
-        s3 = stack.enter_context(S3Server()) if "d" in wanted else None
+        s3 = stack.enter_context(S3ProxyServer(workdir=tmp / "s3proxy")) if wanted & set("df") else None
+        relay = (stack.enter_context(LatencyRelay(s3.endpoint_url, args.first_byte_ms, tmp / "relay"))
+                 if "f" in wanted else None)
         for partitions in [int(p) for p in args.partitions.split(",")]:
             name = f"backfill-{partitions}p"
             local_topic, remote_topic = f"{name}-local", f"{name}-remote"
@@ -398,7 +407,7 @@ def main() -> int:
                 started = time.perf_counter()
                 records = produce(cluster.bootstrap_servers, topic, partitions, args.mb)
                 print(f"\n{topic}: {records:,} records produced in {time.perf_counter() - started:.1f}s", flush=True)
-            backends = [b for b, letters in (("local", "cwW"), ("s3", "d")) if wanted & set(letters)]
+            backends = [b for b, letters in (("local", "cwW"), ("s3", "df")) if wanted & set(letters)]
             properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b, s3)
                           for b in backends}
             for backend in backends:
@@ -421,7 +430,7 @@ def main() -> int:
                     # work (Kafka's remote log tasks, G1) is not charged to the other side.
                     idle = kafka if case == "e" else native
                     with paused(idle.pids[0]) if idle is not None else contextlib.nullcontext():
-                        runs = run_case(case, round_, data, kafka, native, s3, client_config, args.profile)
+                        runs = run_case(case, round_, data, kafka, native, relay, client_config, args.profile)
                     for phase, run in zip(("cold", "warm"), runs):
                         results.setdefault((case, phase), []).append(run)
                         print(f"  round {round_ + 1} ({case}) {label:37} {phase}  {_line(run)}", flush=True)

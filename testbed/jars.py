@@ -132,6 +132,36 @@ def _copy_dependencies(version: str, out: Path, maven_args: Sequence[str]) -> No
     )
 
 
+def maven_jar(group: str, artifact: str, version: str, classifier: str = "", *, cache: Path | None = None,
+              maven_args: Sequence[str] = ()) -> Path:
+    """One jar from Maven Central (``group:artifact:version[:classifier]``), fetched once into
+    ``<cache>/<artifact>-<version>``, by ``mvn dependency:copy`` as the Kafka jars are."""
+    name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
+    target = (cache or cache_dir()) / f"{artifact}-{version}" / name
+    if target.is_file():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MavenError(f"mvn is not installed; it is needed once to fetch {name}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".jar-", dir=target.parent))
+    coordinates = f"{group}:{artifact}:{version}:jar" + (f":{classifier}" if classifier else "")
+    try:
+        done = subprocess.run([mvn, "-q", "-B", *maven_args, "dependency:copy", f"-Dartifact={coordinates}",
+                               f"-DoutputDirectory={staging}"], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=MAVEN_TIMEOUT_S, cwd=staging)
+        if done.returncode != 0 or not (staging / name).is_file():
+            tail = "\n".join(_ANSI.sub("", done.stdout + done.stderr).splitlines()[-15:])
+            raise MavenError(f"{coordinates} could not be resolved from Maven Central (mvn exit "
+                             f"{done.returncode}). Last mvn output:\n{tail}")
+        (staging / name).rename(target)
+    except subprocess.TimeoutExpired as exc:
+        raise MavenError(f"mvn did not resolve {coordinates} within {MAVEN_TIMEOUT_S} s") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def classpath(libs: Path) -> str:
     # The JVM expands "dir/*" itself; keep it unexpanded.
     return f"{libs}/*"

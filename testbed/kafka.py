@@ -107,7 +107,7 @@ class KafkaStartError(RuntimeError):
     pass
 
 
-def _java() -> str:
+def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").is_file():
         return str(Path(java_home) / "bin" / "java")
@@ -506,7 +506,7 @@ class KafkaCluster:
                       logs_dir: Path | None = None,
                       jvm_options: Sequence[str] | None = None) -> list[str]:
         assert self._libs is not None
-        cmd = [_java(), *(self._jvm_options if jvm_options is None else jvm_options),
+        cmd = [java_binary(), *(self._jvm_options if jvm_options is None else jvm_options),
                f"-Dlog4j2.configurationFile={log4j2}"]
         if logs_dir is not None:
             cmd.append(f"-Dkafka.logs.dir={logs_dir}")

@@ -41,6 +41,10 @@ def moto_server_binary() -> Path:
 
 
 class S3Server:
+    """moto's server; subclasses run another S3 implementation (`_command`)."""
+
+    name = "moto_server"
+
     def __init__(self, bucket: str = "tierproxy-test", *, port: int | None = None,
                  workdir: Path | None = None, detached: bool = False) -> None:
         self.bucket = bucket
@@ -72,7 +76,7 @@ class S3Server:
     def log_path(self) -> Path:
         if self._workdir is None:
             raise RuntimeError("S3 server is not started")
-        return self._workdir / "moto_server.log"
+        return self._workdir / f"{self.name}.log"
 
     def start(self, *, create_bucket: bool = True) -> "S3Server":
         if self._process is not None:
@@ -84,10 +88,7 @@ class S3Server:
             self._port = free_port()
         if not self._detached:
             atexit.register(self._stop_at_exit)
-        self._process = spawn(
-            [str(moto_server_binary()), "-H", LOOPBACK, "-p", str(self._port)],
-            self.log_path, detached=self._detached,
-        )
+        self._process = spawn(self._command(self._workdir, self._port), self.log_path, detached=self._detached)
         try:
             self._wait_until_serving()
             if create_bucket:
@@ -97,17 +98,20 @@ class S3Server:
             raise
         return self
 
+    def _command(self, workdir: Path, port: int) -> list[str]:
+        return [str(moto_server_binary()), "-H", LOOPBACK, "-p", str(port)]
+
     def _wait_until_serving(self) -> None:
         assert self._process is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self._process.poll() is not None:
-                raise S3StartError(f"moto_server exited with {self._process.returncode}:\n"
+                raise S3StartError(f"{self.name} exited with {self._process.returncode}:\n"
                                    f"{log_tail(self.log_path)}")
             if self.answers():
                 return
             if time.monotonic() > deadline:
-                raise S3StartError(f"moto_server did not answer on {self.endpoint_url} within "
+                raise S3StartError(f"{self.name} did not answer on {self.endpoint_url} within "
                                    f"{START_TIMEOUT_S:.0f} s:\n{log_tail(self.log_path)}")
             time.sleep(0.1)
 
