@@ -136,7 +136,9 @@ def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> d
         "remote.log.metadata.dir": str(tmp / f"metadata-{backend}"),
         f"topic.{topic}.remote.storage.enable": "true",
         f"topic.{topic}.segment.bytes": str(SEGMENT_BYTES),
-        f"topic.{topic}.segment.ms": "1",  # ship the last segment too: every byte goes remote
+        # Kafka's roll rule by time, as on the native side: segments are cut by size, and the
+        # last one ships once its first batch is a second old (every byte goes remote).
+        f"topic.{topic}.segment.ms": "1000",
     }
     if backend == "local":
         properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote")}
@@ -410,6 +412,8 @@ def main() -> int:
             backends = [b for b, letters in (("local", "cwW"), ("s3", "df")) if wanted & set(letters)]
             properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b, s3)
                           for b in backends}
+            if backends:
+                time.sleep(1.1)  # past segment.ms: the last segment ships too
             for backend in backends:
                 started = time.perf_counter()
                 copied = asyncio.run(tier_everything(properties[backend]))
