@@ -370,6 +370,8 @@ def main() -> int:
     parser.add_argument("--first-byte-ms", type=float, default=20.0, help="the relay's latency in case (f)")
     parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
+    parser.add_argument("--proxy-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="proxy setting for every proxy case, e.g. remote.log.read.ahead.chunks=4 (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per round")
     args = parser.parse_args()
     from tierproxy.loadtest import parse_client_config
@@ -426,6 +428,8 @@ def main() -> int:
                 extra = tier_natively(native.bootstrap_servers, native.log_dirs[0], name, partitions)
                 print(f"  Kafka tiered {name} in {time.perf_counter() - started:.1f}s "
                       f"(after {extra} rolling records)", flush=True)
+            for settings in properties.values():
+                settings |= parse_client_config(args.proxy_config)
             data = DataSet(name, local_topic, remote_topic, records, partitions, properties, tmp / name)
             results: dict[tuple[str, str], list[Measured]] = {}
             for round_ in range(args.repeats):
@@ -444,9 +448,17 @@ def main() -> int:
                 for case, label in cases:
                     if case in best:
                         rows.append((partitions, case, label, phase, best[case], best.get("a"), best.get("e")))
+            print_table(rows)
             for cluster, topic in ((kafka, local_topic), (kafka, remote_topic), (native, name)):
-                if cluster is not None and topic in cluster.admin().list_topics(timeout=30).topics:
-                    cluster.delete_topic(topic)
+                try:
+                    if cluster is not None and topic in cluster.admin().list_topics(timeout=30).topics:
+                        cluster.delete_topic(topic, timeout=120)
+                except Exception as e:  # noqa: BLE001 - a topic left in a throwaway cluster costs nothing
+                    print(f"  ({topic} not deleted: {type(e).__name__} {e})", flush=True)
+    return 0
+
+
+def print_table(rows: list) -> None:
     print()
     print("| partitions | case | replay | MB | MB/s | vs (a) | vs (e) | fetch p50 / p99 ms | broker CPU s/GB "
           "| proxy CPU s/GB |")
@@ -457,8 +469,7 @@ def main() -> int:
         print(f"| {partitions} | ({case}) {label} | {phase} | {summary.bytes / MB:.1f} | {summary.mb_per_s:.1f} | "
               f"{versus[0]} | {versus[1]} | {_ms(summary.fetch_latency_p50_ms)} / "
               f"{_ms(summary.fetch_latency_p99_ms)} | {run.per_gb(run.broker_cpu):.2f} | "
-              f"{run.per_gb(run.proxy_cpu):.2f} |")
-    return 0
+              f"{run.per_gb(run.proxy_cpu):.2f} |", flush=True)
 
 
 def _line(run: Measured) -> str:
