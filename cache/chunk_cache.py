@@ -8,7 +8,8 @@ for that reader only.
 
 Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
 i+1 .. i+N (`read_ahead_chunks`) are fetched in the background, so a sequential
-reader finds them ready. The cache holds two kinds of chunks within one byte bound:
+reader finds them ready; `prefetch` lets a reader carry that into the next segment.
+The cache holds two kinds of chunks within one byte bound:
 
 - read chunks, in least-recently-used order;
 - prefetched chunks nobody has read yet, in the order they arrived. A read moves
@@ -112,7 +113,7 @@ class ChunkCache:
         data = self._take(key)
         if read_ahead:
             # Before waiting on a miss: the next chunks load alongside this one.
-            self._read_ahead(segment, index)
+            self.prefetch(segment, index + 1, self.read_ahead_chunks)
         if data is not None:
             self._metrics.hit()
             return data
@@ -147,10 +148,12 @@ class ChunkCache:
             self._read_bytes += len(data)
         return data
 
-    def _read_ahead(self, segment: RemoteLogSegmentMetadata, index: int) -> None:
+    def prefetch(self, segment: RemoteLogSegmentMetadata, first: int, count: int) -> None:
+        """Load chunks `first` .. `first + count - 1` in the background, within the bounds
+        (a reader's read-ahead reaching into the segment that follows its own)."""
         segment_id = segment.segment_id.id
-        last = min(index + self.read_ahead_chunks, self.chunk_count(segment) - 1)
-        for i in range(index + 1, last + 1):
+        last = min(first + count - 1, self.chunk_count(segment) - 1)
+        for i in range(first, last + 1):
             key = (segment_id, i)
             if key in self or self._flight.in_flight(key):
                 continue

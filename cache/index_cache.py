@@ -196,6 +196,13 @@ class RemoteIndexCache:
         self._metrics.miss()
         return await self._flight.run(key, lambda: self._load(segment, index_type))
 
+    def prefetch(self, segment: RemoteLogSegmentMetadata, index_type: IndexType) -> None:
+        """Load an index a reader will want soon in the background, unless cached or loading;
+        a failure is not reported here but to the reader that asks for it."""
+        key = (segment.segment_id.id, index_type)
+        if key not in self._entries and not self._flight.in_flight(key):
+            self._flight.start(key, lambda: self._load(segment, index_type))
+
     def invalidate(self, segment_id: uuid.UUID) -> None:
         """Forget a segment's indexes (it was deleted, or found corrupt)."""
         for index_type in CACHED_TYPES:

@@ -9,7 +9,8 @@ A remote fetch of (partition, fetch offset, max bytes):
    the metadata's `segment_for(offset, epoch)` has the last word (it knows which
    segments a new leader's uploads replaced). A known current leader epoch from the
    client keeps segments written in later epochs out.
-3. Offset index -> position; the `.log` is read from there through the chunk cache.
+3. Offset index -> position; the `.log` is read from there through the chunk cache,
+   whose read-ahead carries on into the following segment near a segment's end.
 4. Skip to the first batch whose last offset >= fetch offset, then whole batches
    within max bytes, at least one when `min_one_batch` (KIP-74). Without it, a first
    batch above max bytes gives empty records, as Kafka does. Bytes come from one
@@ -61,7 +62,7 @@ from storage.errors import (
 from storage.indexes import CorruptIndexError, CorruptLogError
 from storage.indexes.transaction_index import AbortedTxn
 from storage.metadata import RemoteLogMetadataManager
-from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from storage.records import first_record_at_or_after
 from storage.rsm import RemoteStorageManager
 
@@ -119,7 +120,7 @@ class OffsetAndEpoch(NamedTuple):
 
 class _Batch(NamedTuple):
     header: BatchHeader  # positions relative to `buffer`
-    buffer: bytes  # the chunk holding the batch, or a copy of a batch cut by a chunk boundary
+    buffer: bytes | bytearray  # the chunk holding the batch, or a copy of a batch cut by a chunk boundary
 
     @property
     def view(self) -> memoryview:
@@ -194,14 +195,16 @@ class RemoteLogReader:
             return RemoteReadResult([], 0, fetch_offset, -1 if log_start is None else log_start,
                                     offset_out_of_range=True)
         while True:
-            records, size, last_offset, found = await self._read_segment(segment, fetch_offset, max_bytes,
-                                                                         min_one_batch)
+            records, size, last_offset, found, next_position = await self._read_segment(
+                segment, fetch_offset, max_bytes, min_one_batch)
             if found:
                 break
             following = self._segment_for(tp, segment.end_offset + 1, leader_epoch)
             if following is None:
                 break
             segment = following
+        if records:
+            self._read_ahead_following(tp, segment, next_position, leader_epoch)
         next_offset = fetch_offset if last_offset is None else last_offset + 1
         aborted, complete = None, True
         if isolation_level == IsolationLevel.READ_COMMITTED:
@@ -211,8 +214,9 @@ class RemoteLogReader:
 
     async def _read_segment(
         self, segment: RemoteLogSegmentMetadata, fetch_offset: int, max_bytes: int, min_one_batch: bool
-    ) -> tuple[list[memoryview], int, int | None, bool]:
-        """(records, their size, last offset served, whether a batch at or after the offset exists)."""
+    ) -> tuple[list[memoryview], int, int | None, bool, int]:
+        """(records, their size, last offset served, whether a batch at or after the offset
+        exists, the byte position in the segment's `.log` after what was read)."""
         records: list[memoryview] = []
         size = 0
         last_offset = None
@@ -227,6 +231,7 @@ class RemoteLogReader:
                     if header.last_offset > segment.end_offset:
                         break  # past a truncated segment's end: never served
                     if header.last_offset < fetch_offset:
+                        position += header.size
                         continue
                     found = True
                     if size + header.size > max_bytes and not (min_one_batch and not records):
@@ -240,10 +245,26 @@ class RemoteLogReader:
                         )
                     records.append(batch.view)
                     size += header.size
+                    position += header.size
                     last_offset = header.last_offset
                     if header.last_offset >= segment.end_offset or max_bytes - size < HEADER_SIZE:
                         break  # nothing more fits: do not load a chunk just to learn that
-        return records, size, last_offset, found
+        return records, size, last_offset, found, position
+
+    def _read_ahead_following(
+        self, tp: TopicIdPartition, segment: RemoteLogSegmentMetadata, position: int, leader_epoch: int
+    ) -> None:
+        """Read-ahead that reaches a segment's last chunk goes on into the next segment: its
+        offset index and first chunks load while this one is served, so a sequential reader
+        does not wait for the store's first byte at every segment boundary."""
+        cache = self.chunk_cache
+        beyond = position // cache.chunk_size + cache.read_ahead_chunks - (cache.chunk_count(segment) - 1)
+        if beyond <= 0:
+            return
+        following = self._segment_for(tp, segment.end_offset + 1, leader_epoch)
+        if following is not None:
+            self.index_cache.prefetch(following, IndexType.OFFSET)
+            cache.prefetch(following, 0, beyond)
 
     async def _collect_aborted(
         self,
@@ -425,7 +446,7 @@ class RemoteLogReader:
                     chunk = await self.chunk_cache.get(segment, chunk_index, read_ahead=read_ahead)
                 start = gathered - chunk_index * chunk_size
                 buffer += memoryview(chunk)[start : start + needed - len(buffer)]
-            yield _Batch(header, bytes(buffer))
+            yield _Batch(header, buffer)  # the one copy: nothing writes to it again
             position += header.size
 
     # ------------------------------------------------------------------ errors

@@ -345,6 +345,28 @@ async def test_read_ahead_hides_store_latency_for_a_sequential_reader(tmp_path: 
         await close(reader)
 
 
+async def test_read_ahead_carries_on_into_the_next_segment(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=5, batches_per_segment=12)
+        counting = CountingRSM(rsm, delay_s=0.03)
+        metrics = RemoteMetrics()
+        reader = make_reader(counting, rlmm, chunk_size=1000, read_ahead=2, metrics=metrics)
+        assert all(reader.chunk_cache.chunk_count(s) >= 3 for s in partition.segments)
+        offset, served = partition.log_start_offset, []
+        while offset <= partition.log_end_offset:
+            result = await reader.read(partition.tp, offset, 400, min_one_batch=True)
+            served.extend(result.records)
+            offset = result.next_fetch_offset
+            await asyncio.sleep(0.03)
+        assert b"".join(served) == b"".join(partition.log_of(i) for i in range(5))
+        # Only the first segment's index and first chunk were waited for.
+        assert metrics.value("tierproxy_cache_misses_total", {"cache": "index"}) <= 1
+        assert metrics.value("tierproxy_cache_misses_total", {"cache": "chunk"}) <= 2
+        assert [t for _, t in counting.index_reads] == [IndexType.OFFSET] * 5  # each index once
+        assert len(counting.range_reads) == len(set(counting.range_reads))  # each chunk once
+        await close(reader)
+
+
 async def test_timestamps_find_the_first_record_at_or_after(tmp_path: Path) -> None:
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3, epochs=[0, 0, 2])
