@@ -74,6 +74,9 @@ CASES = (
     ("W", "proxy, remote, 4 replays, 2 workers"),
 )
 SEGMENT_BYTES = 16 * 1024 * 1024  # remote segments on both sides
+# Each broker sits paused (SIGSTOP) while the other side's cases run; its controller
+# must not fence it for missed heartbeats when it continues (clients then see it down).
+PAUSE_PROOF = {"broker.session.timeout.ms": str(600_000)}
 CONCURRENT_REPLAYS = 4  # cases w and W
 # Kafka's documented production JVM settings ("Java Version" in its operations docs).
 KAFKA_G1 = ("-Xmx6g", "-Xms6g", "-XX:MetaspaceSize=96m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
@@ -93,6 +96,7 @@ def native_broker_config(remote_dir: Path) -> dict[str, str]:
         "remote.log.manager.task.interval.ms": "500",
         "log.retention.check.interval.ms": "500",
         "log.segment.bytes": str(SEGMENT_BYTES),
+        **PAUSE_PROOF,
     }
 
 
@@ -390,7 +394,7 @@ def main() -> int:
     rows = []
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="backfill-bench-")))
-        kafka = stack.enter_context(KafkaCluster(1, broker_config={"log.segment.bytes": SEGMENT_BYTES},
+        kafka = stack.enter_context(KafkaCluster(1, broker_config={"log.segment.bytes": SEGMENT_BYTES, **PAUSE_PROOF},
                                                  jvm_options=KAFKA_G1))
         native = (stack.enter_context(KafkaCluster(1, broker_config=native_broker_config(tmp / "native"),
                                                    jvm_options=KAFKA_G1)) if "e" in wanted else None)
@@ -403,7 +407,7 @@ def main() -> int:
             records = 0
             for cluster, topic, config, needed in (
                     (kafka, local_topic, None, wanted & set("ab")),
-                    (kafka, remote_topic, None, wanted & set("cdwW")),
+                    (kafka, remote_topic, None, wanted & set("cdfwW")),
                     (native, name, native_topic_config(), native is not None)):
                 if not needed:
                     continue
