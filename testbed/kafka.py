@@ -649,12 +649,15 @@ class KafkaCluster:
         """
         self._require_started()
         return subprocess.run(
-            self._java_command(main_class, *args,
-                               log4j2=self.workdir / "tools-log4j2.properties",
-                               jvm_options=("-Xmx256m", "-XX:-UsePerfData")),
+            self.java_tool_command(main_class, *args),
             input=input, stdin=None if input is not None else subprocess.DEVNULL,
             capture_output=True, text=True, timeout=timeout,
         )
+
+    def java_tool_command(self, main_class: str, *args: str) -> list[str]:
+        """The command line `java_tool` runs, for a tool that runs beside the test."""
+        return self._java_command(main_class, *args, log4j2=self.workdir / "tools-log4j2.properties",
+                                  jvm_options=("-Xmx256m", "-XX:-UsePerfData"))
 
 
 def _write_properties(path: Path, props: Mapping[str, str]) -> None:

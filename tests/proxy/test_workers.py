@@ -220,6 +220,71 @@ def test_a_worker_killed_mid_replay_loses_nothing(kafka_cluster, tiered, tmp_pat
     assert "worker-0 tierproxy: stopped" in served.output and "worker-1 tierproxy: stopped" in served.output
 
 
+def test_a_java_consumer_keeps_its_fetch_session_across_a_killed_worker(kafka_cluster, tiered, tmp_path):
+    """kafka-clients fetches with sessions (KIP-227) that the proxy passes to the broker;
+    the worker holding one dies: the client's next fetch, on a new connection, starts a
+    new session and the replay goes on, every record once. The partition is assigned, not
+    subscribed: a Kafka 4 client whose only broker disconnects rebootstraps, and a group
+    member then rejoins and re-reads from its committed offset, as it would against a
+    one-broker cluster (at least once, by Kafka's design)."""
+    data, root = tiered
+    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+    consumer = None
+    try:
+        served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+        node_port = int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
+        expected = {0: expected_by_partition(data)[0]}
+        total = len(expected[0])
+        # Its output is not read until the worker is dead: once the pipe is full the consumer
+        # stops polling with most of the replay to go and its session open at the broker.
+        consumer = subprocess.Popen(kafka_cluster.java_tool_command(
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
+            "--bootstrap-server", f"{LOOPBACK}:{bootstrap_port}", "--topic", data.topic,
+            "--partition", "0", "--offset", "earliest", "--max-messages", str(total), "--timeout-ms", "60000",
+            "--consumer-property", "max.partition.fetch.bytes=65536",
+            "--property", "print.key=true", "--property", "print.value=false",
+            "--property", "print.partition=true", "--property", "print.offset=true"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 90
+        victim = None
+        while victim is None and time.monotonic() < deadline and consumer.poll() is None:
+            if sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total") > 0:
+                victim = next((pid for pid in served.workers() if established_on(pid, node_port)), None)
+            time.sleep(0.05)
+        assert victim is not None, "the consumer never fetched remote data through a worker"
+        fetched = sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total")
+        os.kill(victim, signal.SIGKILL)
+        served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+        out, err = consumer.communicate(timeout=180)
+        assert consumer.returncode == 0, err[-2000:]
+        got: dict[int, list[tuple[int, str]]] = {}
+        for line in out.splitlines():
+            if line.startswith("Partition:"):
+                partition, offset, key = line.split("\t")[:3]
+                got.setdefault(int(partition.split(":")[1]), []).append((int(offset.split(":")[1]), key))
+        wanted = {p: [(offset, key.decode()) for _, offset, key, _ in records] for p, records in expected.items()}
+        assert got == wanted, _first_differences(got, wanted)  # every record, once, in order
+        remote_bytes = sum(len(r.value) + len(r.key) for r in data.remote(0))
+        assert fetched < remote_bytes, "the worker died after the remote part was served"
+    finally:
+        if consumer is not None and consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+        status = served.stop()
+    assert status == 0, served.output
+
+
+def _first_differences(got: dict[int, list], wanted: dict[int, list]) -> str:
+    out = []
+    for p in sorted(wanted):
+        have = got.get(p, [])
+        at = next((i for i, (a, b) in enumerate(zip(have, wanted[p])) if a != b), min(len(have), len(wanted[p])))
+        if have != wanted[p]:
+            out.append(f"partition {p}: {len(have)} of {len(wanted[p])} records, first difference at {at}: "
+                       f"{have[at:at + 3]} instead of {wanted[p][at:at + 3]}")
+    return "; ".join(out)
+
+
 def test_workers_exit_with_their_supervisor(kafka_cluster, tiered, tmp_path):
     data, root = tiered
     served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
