@@ -343,8 +343,9 @@ _define("remote.log.chunk.cache.size.bytes", int, 256 * MIB, "Bytes of remote se
         validator=Range(0))
 _define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
         "proxy", validator=Range(4096))
-_define("remote.log.read.ahead.chunks", int, 2, "Chunks prefetched after a sequential read.", "proxy",
-        validator=Range(0))
+_define("remote.log.read.ahead.chunks", int, 2,
+        "Chunks prefetched after a sequential read, carrying on into the next segment near a segment's end.",
+        "proxy", validator=Range(0))
 _define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
 _define("remote.log.reader.max.pending.tasks", int, 100,
         "Remote reads waiting for a reader; beyond that a partition gets an immediate error.", "proxy",
