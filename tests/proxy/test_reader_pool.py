@@ -142,6 +142,7 @@ async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
         "remote.log.reader.threads": "2",
         "remote.log.reader.max.pending.tasks": "2",
         "remote.fetch.max.wait.ms": "100",
+        "remote.log.read.ahead.chunks": "0",  # the second segment is not loaded before it is read
     })
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
