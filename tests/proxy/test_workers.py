@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -168,13 +168,35 @@ def sample(exposition: str, name: str) -> float:
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
 
 
+def node_port_of(served: Served) -> int:
+    """Once both workers serve: the port of the broker node's listener."""
+    served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+    return int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
+
+
+def kill_the_fetching_worker(served: Served, metrics_port: int, node_port: int, *, after_bytes: float,
+                             reading: Callable[[], bool], timeout_s: float) -> tuple[int, float]:
+    """SIGKILL the worker holding the consumer's node connection once more than
+    `after_bytes` remote bytes were served (while `reading()`); returns its pid and the
+    remote bytes served just before it died."""
+    deadline = time.monotonic() + timeout_s
+    victim = None
+    while victim is None and time.monotonic() < deadline and reading():
+        if sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total") > after_bytes:
+            victim = next((pid for pid in served.workers() if established_on(pid, node_port)), None)
+        time.sleep(0.05)
+    assert victim is not None, "the consumer never fetched remote data through a worker"
+    fetched = sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total")
+    os.kill(victim, signal.SIGKILL)
+    served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+    return victim, fetched
+
+
 def test_a_worker_killed_mid_replay_loses_nothing(kafka_cluster, tiered, tmp_path):
     data, root = tiered
     served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
-    node_port = None
     try:
-        served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
-        node_port = int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
+        node_port = node_port_of(served)
         first = served.workers()
         assert len(first) == 2, served.output
         expected = expected_by_partition(data)
@@ -194,15 +216,8 @@ def test_a_worker_killed_mid_replay_loses_nothing(kafka_cluster, tiered, tmp_pat
         consumer = threading.Thread(target=replay)
         consumer.start()
         # Kill the worker holding the consumer's fetch connection once remote reads are under way.
-        deadline = time.monotonic() + 60
-        victim = None
-        while victim is None and time.monotonic() < deadline and not done.is_set():
-            if sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total") > 1_000_000:
-                victim = next((pid for pid in first if established_on(pid, node_port)), None)
-            time.sleep(0.05)
-        assert victim is not None, "the consumer never fetched remote data through a worker"
-        os.kill(victim, signal.SIGKILL)
-        served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+        victim, _ = kill_the_fetching_worker(served, metrics_port, node_port, after_bytes=1_000_000,
+                                          reading=lambda: not done.is_set(), timeout_s=60)
         consumer.join(200)
         assert done.is_set()
         assert in_partition_order(consumed) == expected  # every record, once, in order
@@ -231,8 +246,7 @@ def test_a_java_consumer_keeps_its_fetch_session_across_a_killed_worker(kafka_cl
     served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
     consumer = None
     try:
-        served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
-        node_port = int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
+        node_port = node_port_of(served)
         expected = {0: expected_by_partition(data)[0]}
         total = len(expected[0])
         # Its output is not read until the worker is dead: once the pipe is full the consumer
@@ -245,16 +259,9 @@ def test_a_java_consumer_keeps_its_fetch_session_across_a_killed_worker(kafka_cl
             "--property", "print.key=true", "--property", "print.value=false",
             "--property", "print.partition=true", "--property", "print.offset=true"),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 90
-        victim = None
-        while victim is None and time.monotonic() < deadline and consumer.poll() is None:
-            if sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total") > 0:
-                victim = next((pid for pid in served.workers() if established_on(pid, node_port)), None)
-            time.sleep(0.05)
-        assert victim is not None, "the consumer never fetched remote data through a worker"
-        fetched = sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total")
-        os.kill(victim, signal.SIGKILL)
-        served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+        running = consumer  # narrowed for the closure
+        _, fetched = kill_the_fetching_worker(served, metrics_port, node_port, after_bytes=0,
+                                              reading=lambda: running.poll() is None, timeout_s=90)
         out, err = consumer.communicate(timeout=180)
         assert consumer.returncode == 0, err[-2000:]
         got: dict[int, list[tuple[int, str]]] = {}
