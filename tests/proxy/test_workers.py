@@ -168,17 +168,20 @@ def sample(exposition: str, name: str) -> float:
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
 
 
+SERVING = r"worker-\d tierproxy: tierproxy serving on"
+
+
 def node_port_of(served: Served) -> int:
     """Once both workers serve: the port of the broker node's listener."""
-    served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+    served.wait_for(SERVING, 2)
     return int(re.search(r"listening for broker node \d+ on [^:]+:(\d+)", served.output).group(1))
 
 
 def kill_the_fetching_worker(served: Served, metrics_port: int, node_port: int, *, after_bytes: float,
                              reading: Callable[[], bool], timeout_s: float) -> tuple[int, float]:
     """SIGKILL the worker holding the consumer's node connection once more than
-    `after_bytes` remote bytes were served (while `reading()`); returns its pid and the
-    remote bytes served just before it died."""
+    `after_bytes` remote bytes were served (while `reading()`), and wait until its
+    replacement serves; returns its pid and the remote bytes served just before it died."""
     deadline = time.monotonic() + timeout_s
     victim = None
     while victim is None and time.monotonic() < deadline and reading():
@@ -187,8 +190,10 @@ def kill_the_fetching_worker(served: Served, metrics_port: int, node_port: int, 
         time.sleep(0.05)
     assert victim is not None, "the consumer never fetched remote data through a worker"
     fetched = sample(scrape(metrics_port), "tierproxy_remote_fetch_bytes_total")
+    started = len(re.findall(SERVING, served.output))
     os.kill(victim, signal.SIGKILL)
     served.wait_for(rf"worker \d \(pid {victim}\) was killed by SIGKILL; restarting it")
+    served.wait_for(SERVING, started + 1)  # a worker stopped while still starting logs nothing
     return victim, fetched
 
 
@@ -295,7 +300,7 @@ def _first_differences(got: dict[int, list], wanted: dict[int, list]) -> str:
 def test_workers_exit_with_their_supervisor(kafka_cluster, tiered, tmp_path):
     data, root = tiered
     served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
-    served.wait_for(r"worker-\d tierproxy: tierproxy serving on", 2)
+    served.wait_for(SERVING, 2)
     workers = served.workers()
     assert len(workers) == 2
     served.process.kill()
