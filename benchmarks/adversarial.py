@@ -115,8 +115,8 @@ async def closed(reader: asyncio.StreamReader, timeout: float) -> bool:
 
 def bad_frames(rng: random.Random, count: int) -> list[tuple[bool, bytes]]:
     """(log in first?, bytes) of every bad-frame case."""
-    from protocol.apis import ApiKey
-    from protocol.headers import encode_request_header
+    from tierproxy.protocol.apis import ApiKey
+    from tierproxy.protocol.headers import encode_request_header
     from testbed.raw import frame
 
     cases = []
@@ -204,8 +204,8 @@ async def non_reader(proxy: Proxy, topic: str, per_partition: int, seconds: floa
     response; returns how many requests the proxy took before it stopped reading."""
     import dataclasses
 
-    from protocol.codecs import encode_request
-    from protocol.requests import fetch_request
+    from tierproxy.protocol.codecs import encode_request
+    from tierproxy.protocol.requests import fetch_request
     from testbed.raw import frame
 
     reader, writer = await proxy.login()
@@ -309,8 +309,8 @@ async def attack(proxy: Proxy, topic: str, records: int, args: argparse.Namespac
 
 
 def alive(bootstrap: str) -> bool:
-    from client.cluster import check_login
-    from config import parse
+    from tierproxy.client.cluster import check_login
+    from tierproxy.config import parse
 
     config = parse({"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
                     "sasl.mechanism": "PLAIN", "sasl.username": "admin", "sasl.password": PASSWORD})

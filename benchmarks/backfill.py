@@ -159,12 +159,12 @@ def _free_port() -> int:
 
 async def tier_everything(properties: dict[str, str]) -> int:
     """Copy and commit every partition of the tiered topic; returns the bytes copied."""
-    from client.cluster import Cluster
-    from pipeline.commit import commit_partition
-    from pipeline.copy import metadata_manager, run_copy
-    from pipeline.plan import plan_pass
-    from config import parse
-    from storage.factory import remote_storage_manager
+    from tierproxy.client.cluster import Cluster
+    from tierproxy.pipeline.commit import commit_partition
+    from tierproxy.pipeline.copy import metadata_manager, run_copy
+    from tierproxy.pipeline.plan import plan_pass
+    from tierproxy.config import parse
+    from tierproxy.storage.factory import remote_storage_manager
 
     config = parse(properties)
     async with Cluster.from_config(config) as cluster, metadata_manager(config) as rlmm:
@@ -185,8 +185,8 @@ async def tier_everything(properties: dict[str, str]) -> int:
 
 async def trim_to_end(bootstrap: str, topic: str) -> dict[int, int]:
     """DeleteRecords up to each partition's log end: nothing is left local."""
-    from client.cluster import Cluster
-    from protocol.apis import OffsetSpec
+    from tierproxy.client.cluster import Cluster
+    from tierproxy.protocol.apis import OffsetSpec
 
     async with Cluster([bootstrap]) as cluster:
         topics = await cluster.topics([topic])

@@ -35,7 +35,7 @@ from benchmark_data import MB, produce  # beside this script
 
 
 def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None):
-    from config import parse
+    from tierproxy.config import parse
 
     properties = {
         "bootstrap.servers": bootstrap,
@@ -56,11 +56,11 @@ async def measure_task(config, repeats: int) -> tuple[int, float, float]:
     """Bytes copied, wall seconds and CPU seconds (this process, all threads) of the copy task
     over every partition in turn; the best of `repeats` runs (each copies everything again;
     the losers are cleaned as orphans by the commit)."""
-    from client.cluster import Cluster
-    from pipeline.commit import commit_partition
-    from pipeline.copy import metadata_manager, run_copy
-    from pipeline.plan import plan_pass
-    from storage.factory import remote_storage_manager
+    from tierproxy.client.cluster import Cluster
+    from tierproxy.pipeline.commit import commit_partition
+    from tierproxy.pipeline.copy import metadata_manager, run_copy
+    from tierproxy.pipeline.plan import plan_pass
+    from tierproxy.storage.factory import remote_storage_manager
 
     async with Cluster.from_config(config) as cluster, metadata_manager(config) as rlmm:
         plans = [p for p in await plan_pass(config, cluster, rlmm) if not p.empty]
@@ -85,8 +85,8 @@ async def measure_task(config, repeats: int) -> tuple[int, float, float]:
 
 
 def measure_spark(config, cores: int) -> tuple[int, float]:
-    from pipeline.spark import spark_session
-    from pipeline.tier import run_pass
+    from tierproxy.pipeline.spark import spark_session
+    from tierproxy.pipeline.tier import run_pass
 
     spark = spark_session(config.with_overrides({"spark.master": f"local[{cores}]"}),
                           {"spark.ui.enabled": "false"})
@@ -95,7 +95,7 @@ def measure_spark(config, cores: int) -> tuple[int, float]:
         # what is measured is the copy, not interpreter start-up and imports.
         started = time.perf_counter()
         sc = spark.sparkContext
-        sc.parallelize(range(cores), cores).map(lambda _: __import__("pipeline.copy") and 0).collect()
+        sc.parallelize(range(cores), cores).map(lambda _: __import__("tierproxy.pipeline.copy") and 0).collect()
         print(f"      (Spark workers started and warmed in {time.perf_counter() - started:.1f}s, not counted)")
         report = run_pass(config, spark, retention=False, summary=False, stream=open(os.devnull, "w"))
     finally:

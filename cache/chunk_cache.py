@@ -30,9 +30,9 @@ import collections
 import contextlib
 import uuid
 
-from storage.errors import CorruptRemoteSegment
-from storage.model import RemoteLogSegmentMetadata
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.errors import CorruptRemoteSegment
+from tierproxy.storage.model import RemoteLogSegmentMetadata
+from tierproxy.storage.rsm import RemoteStorageManager
 
 from . import NO_METRICS, CacheMetrics
 from .single_flight import SingleFlight

@@ -44,11 +44,11 @@ from pathlib import Path
 import crc32c
 from cachetools import LRUCache
 
-from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
-from storage.files import TEMP_SUFFIX, write_atomically
-from storage.indexes import CorruptIndexError, OffsetIndex, TimeIndex, TransactionIndex
-from storage.model import IndexType, RemoteLogSegmentMetadata
-from storage.rsm import RemoteStorageManager, kafka_uuid
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from tierproxy.storage.files import TEMP_SUFFIX, write_atomically
+from tierproxy.storage.indexes import CorruptIndexError, OffsetIndex, TimeIndex, TransactionIndex
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata
+from tierproxy.storage.rsm import RemoteStorageManager, kafka_uuid
 
 from . import NO_METRICS, CacheMetrics
 from .single_flight import SingleFlight

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from config.addresses import parse_host_port
-from protocol.apis import ErrorCode, OffsetSpec, error_name
-from protocol.requests import (
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec, error_name
+from tierproxy.protocol.requests import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
     delete_records_request,
@@ -26,6 +26,7 @@ from protocol.requests import (
 )
 from .connection import AuthenticationError, KafkaConnection
 from .security import PLAINTEXT, Security, security
+from tierproxy.config import BOOTSTRAP_SERVERS
 
 __all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "check_login", "ListedOffset", "PartitionInfo", "TopicInfo"]
 
@@ -83,7 +84,7 @@ class Cluster:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, client_id: str = "tierproxy-pipeline") -> Cluster:
         """The configured cluster, with its security (files read and checked now)."""
-        return cls(config["bootstrap.servers"], security=security(config), client_id=client_id)
+        return cls(config[BOOTSTRAP_SERVERS], security=security(config), client_id=client_id)
 
     async def __aenter__(self) -> Cluster:
         return self

@@ -24,11 +24,11 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from protocol.apis import ApiKey, ErrorCode, error_name
-from protocol.codecs import decode_response, encode_request
-from protocol.errors import ProtocolError
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.headers import parse_response_header, response_header_version
+from tierproxy.protocol.apis import ApiKey, ErrorCode, error_name
+from tierproxy.protocol.codecs import decode_response, encode_request
+from tierproxy.protocol.errors import ProtocolError
+from tierproxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from tierproxy.protocol.headers import parse_response_header, response_header_version
 
 from .sasl import SaslError, mechanism
 from .security import PLAINTEXT, Security

@@ -16,7 +16,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from config import ConfigError
+from tierproxy.config import (
+    ConfigError,
+    SASL_JAAS_CONFIG,
+    SASL_MECHANISM,
+    SASL_PASSWORD,
+    SASL_USERNAME,
+    SECURITY_PROTOCOL,
+    SSL_CA_LOCATION,
+    SSL_CERTIFICATE_LOCATION,
+    SSL_ENDPOINT_IDENTIFICATION_ALGORITHM,
+    SSL_KEYSTORE_LOCATION,
+    SSL_KEYSTORE_PASSWORD,
+    SSL_KEYSTORE_TYPE,
+    SSL_KEY_LOCATION,
+    SSL_KEY_PASSWORD,
+    SSL_TRUSTSTORE_LOCATION,
+    SSL_TRUSTSTORE_PASSWORD,
+    SSL_TRUSTSTORE_TYPE,
+)
 
 from .sasl import Credentials
 
@@ -76,9 +94,9 @@ def parse_jaas(text: str, mechanism: str) -> Credentials:
 
 
 def _credentials(config: Mapping[str, Any]) -> Credentials:
-    if config["sasl.jaas.config"]:
-        return parse_jaas(config["sasl.jaas.config"], config["sasl.mechanism"])
-    return Credentials(config["sasl.username"], config["sasl.password"])
+    if config[SASL_JAAS_CONFIG]:
+        return parse_jaas(config[SASL_JAAS_CONFIG], config[SASL_MECHANISM])
+    return Credentials(config[SASL_USERNAME], config[SASL_PASSWORD])
 
 
 def _pkcs12(path: str, password: str, key: str) -> tuple[Any, Any, list[Any]]:
@@ -103,16 +121,16 @@ def _pem(certificates: list[Any]) -> str:
 
 
 def _load_trust(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
-    if config["ssl.ca.location"]:
-        key, path, kind = "ssl.ca.location", config["ssl.ca.location"], "PEM"
-    elif config["ssl.truststore.location"]:
-        key, path, kind = "ssl.truststore.location", config["ssl.truststore.location"], config["ssl.truststore.type"]
+    if config[SSL_CA_LOCATION]:
+        key, path, kind = "ssl.ca.location", config[SSL_CA_LOCATION], "PEM"
+    elif config[SSL_TRUSTSTORE_LOCATION]:
+        key, path, kind = "ssl.truststore.location", config[SSL_TRUSTSTORE_LOCATION], config[SSL_TRUSTSTORE_TYPE]
     else:
         context.load_default_certs(ssl.Purpose.SERVER_AUTH)
         return
     try:
         if kind == "PKCS12":
-            _, certificate, others = _pkcs12(path, config["ssl.truststore.password"], key)
+            _, certificate, others = _pkcs12(path, config[SSL_TRUSTSTORE_PASSWORD], key)
             context.load_verify_locations(cadata=_pem([c for c in [certificate, *others] if c is not None]))
         else:
             context.load_verify_locations(cafile=path)
@@ -124,13 +142,13 @@ def _load_trust(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
 
 def _load_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
     """The client certificate for mutual TLS, if one is configured."""
-    password = config["ssl.key.password"] or None
-    if config["ssl.certificate.location"]:
-        key, certificate, private_key = ("ssl.certificate.location", config["ssl.certificate.location"],
-                                         config["ssl.key.location"])
-    elif config["ssl.keystore.location"] and config["ssl.keystore.type"] == "PEM":
-        key, certificate, private_key = "ssl.keystore.location", config["ssl.keystore.location"], None
-    elif config["ssl.keystore.location"]:
+    password = config[SSL_KEY_PASSWORD] or None
+    if config[SSL_CERTIFICATE_LOCATION]:
+        key, certificate, private_key = ("ssl.certificate.location", config[SSL_CERTIFICATE_LOCATION],
+                                         config[SSL_KEY_LOCATION])
+    elif config[SSL_KEYSTORE_LOCATION] and config[SSL_KEYSTORE_TYPE] == "PEM":
+        key, certificate, private_key = "ssl.keystore.location", config[SSL_KEYSTORE_LOCATION], None
+    elif config[SSL_KEYSTORE_LOCATION]:
         _pkcs12_identity(context, config)
         return
     else:
@@ -147,8 +165,8 @@ def _load_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
 def _pkcs12_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
     from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-    path = config["ssl.keystore.location"]
-    private_key, certificate, chain = _pkcs12(path, config["ssl.keystore.password"], "ssl.keystore.location")
+    path = config[SSL_KEYSTORE_LOCATION]
+    private_key, certificate, chain = _pkcs12(path, config[SSL_KEYSTORE_PASSWORD], "ssl.keystore.location")
     if private_key is None or certificate is None:
         raise ConfigError(f"ssl.keystore.location={path}: holds no private key and certificate")
     # ssl loads certificates only from files: a private file, removed once loaded.
@@ -163,11 +181,11 @@ def _pkcs12_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None
 
 def ssl_context(config: Mapping[str, Any]) -> ssl.SSLContext | None:
     """The TLS context of connections to the brokers; None unless SSL or SASL_SSL."""
-    if config["security.protocol"] not in ("SSL", "SASL_SSL"):
+    if config[SECURITY_PROTOCOL] not in ("SSL", "SASL_SSL"):
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = config["ssl.endpoint.identification.algorithm"] == "https"
+    context.check_hostname = config[SSL_ENDPOINT_IDENTIFICATION_ALGORITHM] == "https"
     context.verify_mode = ssl.CERT_REQUIRED
     _load_trust(context, config)
     _load_identity(context, config)
@@ -176,11 +194,11 @@ def ssl_context(config: Mapping[str, Any]) -> ssl.SSLContext | None:
 
 def security(config: Mapping[str, Any]) -> Security:
     """Everything tierproxy's own connections need, checked now (files read, JAAS parsed)."""
-    protocol = config["security.protocol"]
+    protocol = config[SECURITY_PROTOCOL]
     sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
     return Security(
         protocol=protocol,
-        mechanism=config["sasl.mechanism"] if sasl else "",
+        mechanism=config[SASL_MECHANISM] if sasl else "",
         credentials=_credentials(config) if sasl else None,
         ssl_context=ssl_context(config),
     )
@@ -206,21 +224,21 @@ def librdkafka_options(config: Mapping[str, Any]) -> dict[str, str]:
         options.update({"sasl.mechanism": settings.mechanism, "sasl.username": settings.credentials.username,
                         "sasl.password": settings.credentials.password})
     if settings.tls:
-        if config["ssl.truststore.location"] and config["ssl.truststore.type"] != "PEM":
+        if config[SSL_TRUSTSTORE_LOCATION] and config[SSL_TRUSTSTORE_TYPE] != "PEM":
             raise ConfigError("ssl.truststore.type=PKCS12: librdkafka reads CA certificates only as PEM; "
                               "give ssl.ca.location")
-        ca = config["ssl.ca.location"] or config["ssl.truststore.location"]
+        ca = config[SSL_CA_LOCATION] or config[SSL_TRUSTSTORE_LOCATION]
         if ca:
             options["ssl.ca.location"] = ca
-        if config["ssl.certificate.location"]:
-            options["ssl.certificate.location"] = config["ssl.certificate.location"]
-            options["ssl.key.location"] = config["ssl.key.location"]
-        elif config["ssl.keystore.location"] and config["ssl.keystore.type"] == "PEM":
-            options["ssl.certificate.location"] = options["ssl.key.location"] = config["ssl.keystore.location"]
-        elif config["ssl.keystore.location"]:
-            options["ssl.keystore.location"] = config["ssl.keystore.location"]
-            options["ssl.keystore.password"] = config["ssl.keystore.password"]
-        if config["ssl.key.password"]:
-            options["ssl.key.password"] = config["ssl.key.password"]
-        options["ssl.endpoint.identification.algorithm"] = config["ssl.endpoint.identification.algorithm"] or "none"
+        if config[SSL_CERTIFICATE_LOCATION]:
+            options["ssl.certificate.location"] = config[SSL_CERTIFICATE_LOCATION]
+            options["ssl.key.location"] = config[SSL_KEY_LOCATION]
+        elif config[SSL_KEYSTORE_LOCATION] and config[SSL_KEYSTORE_TYPE] == "PEM":
+            options["ssl.certificate.location"] = options["ssl.key.location"] = config[SSL_KEYSTORE_LOCATION]
+        elif config[SSL_KEYSTORE_LOCATION]:
+            options["ssl.keystore.location"] = config[SSL_KEYSTORE_LOCATION]
+            options["ssl.keystore.password"] = config[SSL_KEYSTORE_PASSWORD]
+        if config[SSL_KEY_PASSWORD]:
+            options["ssl.key.password"] = config[SSL_KEY_PASSWORD]
+        options["ssl.endpoint.identification.algorithm"] = config[SSL_ENDPOINT_IDENTIFICATION_ALGORITHM] or "none"
     return options

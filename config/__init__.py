@@ -15,9 +15,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from .properties import read_properties
+
+T = TypeVar("T")
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -88,25 +90,35 @@ _PARSERS: dict[type, Callable[[str], Any]] = {
     float: lambda text: float(text.strip()),
     str: lambda text: text.strip(),
     bool: _parse_bool,
-    list: _parse_list,
+    tuple: _parse_list,
     Path: lambda text: Path(text.strip()).expanduser(),
 }
-_TYPE_NAMES = {int: "int", float: "double", str: "string", bool: "boolean", list: "list", Path: "path"}
+_TYPE_NAMES = {int: "int", float: "double", str: "string", bool: "boolean", tuple: "list", Path: "path"}
 _EXPECTED = {int: "an integer", float: "a number"}
 
 
-@dataclass(frozen=True)
-class ConfigKey:
+class ConfigKey(str, Generic[T]):
+    """A configuration key: its name (it is that string, so it indexes any mapping of
+    names) and its declaration. `Config[KEY]` is typed as the key's value type."""
+
     name: str
     type: type
     default: Any
     doc: str
     group: str
-    validator: Callable[[Any], None] | None = None
+    validator: Callable[[Any], None] | None
     # Another name accepted for the same setting, with a conversion to this key's unit.
-    alias: str | None = None
-    alias_convert: Callable[[Any], Any] | None = None
-    secret: bool = False
+    alias: str | None
+    alias_convert: Callable[[Any], Any] | None
+    secret: bool
+
+    def __new__(cls, name: str, type_: type, default: Any, doc: str, group: str,
+                validator: Callable[[Any], None] | None = None, *, alias: str | None = None,
+                alias_convert: Callable[[Any], Any] | None = None, secret: bool = False) -> ConfigKey[Any]:
+        key = super().__new__(cls, name)
+        key.name, key.type, key.default, key.doc, key.group = name, type_, default, doc, group
+        key.validator, key.alias, key.alias_convert, key.secret = validator, alias, alias_convert, secret
+        return key
 
     @property
     def type_name(self) -> str:
@@ -116,7 +128,7 @@ class ConfigKey:
     def valid_values(self) -> str:
         return str(self.validator) if self.validator is not None else ""
 
-    def parse(self, text: str, *, as_name: str | None = None) -> Any:
+    def parse(self, text: str, *, as_name: str | None = None) -> T:
         name = as_name or self.name
         shown = "[hidden]" if self.secret else repr(text)
         try:
@@ -136,12 +148,12 @@ class ConfigKey:
 
 # --- the keys -------------------------------------------------------------------------
 
-_KEYS: list[ConfigKey] = []
-_TOPIC_KEYS: dict[str, ConfigKey] = {}
+_KEYS: list[ConfigKey[Any]] = []
+_TOPIC_KEYS: dict[str, ConfigKey[Any]] = {}
 
 
-def _define(name: str, type_: type, default: Any, doc: str, group: str, **kwargs: Any) -> ConfigKey:
-    key = ConfigKey(name, type_, default, doc, group, **kwargs)
+def _define(name: str, type_: type[T], default: Any, doc: str, group: str, **kwargs: Any) -> ConfigKey[T]:
+    key: ConfigKey[T] = ConfigKey(name, type_, default, doc, group, **kwargs)
     _KEYS.append(key)
     return key
 
@@ -152,7 +164,7 @@ def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None
 
 
 # Cluster
-_define("bootstrap.servers", list, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
+BOOTSTRAP_SERVERS = _define("bootstrap.servers", tuple, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
         "cluster")
 
 # Security of the connections tierproxy opens itself (the pipeline, `status`, the
@@ -161,109 +173,109 @@ _define("bootstrap.servers", list, REQUIRED, "The Kafka cluster's bootstrap serv
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 STORE_TYPES = ("PEM", "PKCS12")
-_define("security.protocol", str, "PLAINTEXT",
+SECURITY_PROTOCOL = _define("security.protocol", str, "PLAINTEXT",
         "How tierproxy and the proxy's upstream connections reach the brokers. With SSL or SASL_SSL "
         "the proxy also speaks TLS to the brokers for its clients; SASL stays the clients' own.",
         "security", validator=OneOf(SECURITY_PROTOCOLS))
-_define("sasl.mechanism", str, "",
+SASL_MECHANISM = _define("sasl.mechanism", str, "",
         "SASL mechanism of tierproxy's own connections (required with SASL_PLAINTEXT and SASL_SSL).",
         "security", validator=OneOf(("", *SASL_MECHANISMS)))
-_define("sasl.jaas.config", str, "",
+SASL_JAAS_CONFIG = _define("sasl.jaas.config", str, "",
         "Credentials as Kafka writes them: `org.apache.kafka.common.security.plain.PlainLoginModule "
         "required username=\"u\" password=\"p\";` (or `...scram.ScramLoginModule`); or give "
         "sasl.username and sasl.password.", "security", secret=True)
-_define("sasl.username", str, "", "SASL user name (instead of sasl.jaas.config).", "security")
-_define("sasl.password", str, "", "SASL password (instead of sasl.jaas.config).", "security", secret=True)
-_define("ssl.truststore.location", str, "",
+SASL_USERNAME = _define("sasl.username", str, "", "SASL user name (instead of sasl.jaas.config).", "security")
+SASL_PASSWORD = _define("sasl.password", str, "", "SASL password (instead of sasl.jaas.config).", "security", secret=True)
+SSL_TRUSTSTORE_LOCATION = _define("ssl.truststore.location", str, "",
         "CA certificates that verify the brokers (ssl.truststore.type); empty for the system's trust store.",
         "security")
-_define("ssl.truststore.type", str, "PEM", "Format of ssl.truststore.location (JKS: convert with keytool).",
+SSL_TRUSTSTORE_TYPE = _define("ssl.truststore.type", str, "PEM", "Format of ssl.truststore.location (JKS: convert with keytool).",
         "security", validator=OneOf(STORE_TYPES))
-_define("ssl.truststore.password", str, "", "Password of a PKCS12 truststore.", "security", secret=True)
-_define("ssl.ca.location", str, "", "PEM CA certificates that verify the brokers (librdkafka's name).",
+SSL_TRUSTSTORE_PASSWORD = _define("ssl.truststore.password", str, "", "Password of a PKCS12 truststore.", "security", secret=True)
+SSL_CA_LOCATION = _define("ssl.ca.location", str, "", "PEM CA certificates that verify the brokers (librdkafka's name).",
         "security")
-_define("ssl.keystore.location", str, "",
+SSL_KEYSTORE_LOCATION = _define("ssl.keystore.location", str, "",
         "Client certificate and private key for mutual TLS (ssl.keystore.type).", "security")
-_define("ssl.keystore.type", str, "PEM", "Format of ssl.keystore.location.", "security",
+SSL_KEYSTORE_TYPE = _define("ssl.keystore.type", str, "PEM", "Format of ssl.keystore.location.", "security",
         validator=OneOf(STORE_TYPES))
-_define("ssl.keystore.password", str, "", "Password of a PKCS12 keystore.", "security", secret=True)
-_define("ssl.certificate.location", str, "",
+SSL_KEYSTORE_PASSWORD = _define("ssl.keystore.password", str, "", "Password of a PKCS12 keystore.", "security", secret=True)
+SSL_CERTIFICATE_LOCATION = _define("ssl.certificate.location", str, "",
         "PEM client certificate for mutual TLS (librdkafka's name; with ssl.key.location).", "security")
-_define("ssl.key.location", str, "", "PEM private key of ssl.certificate.location.", "security")
-_define("ssl.key.password", str, "", "Password of the client's private key, if it is encrypted.", "security",
+SSL_KEY_LOCATION = _define("ssl.key.location", str, "", "PEM private key of ssl.certificate.location.", "security")
+SSL_KEY_PASSWORD = _define("ssl.key.password", str, "", "Password of the client's private key, if it is encrypted.", "security",
         secret=True)
-_define("ssl.endpoint.identification.algorithm", str, "https",
+SSL_ENDPOINT_IDENTIFICATION_ALGORITHM = _define("ssl.endpoint.identification.algorithm", str, "https",
         "`https` checks that a broker's certificate names the host connected to; empty turns the check off.",
         "security", validator=OneOf(("https", "")))
 
 # Remote storage
-_define("remote.log.storage.backend", str, "local",
+REMOTE_LOG_STORAGE_BACKEND = _define("remote.log.storage.backend", str, "local",
         "Where remote segments live: `local` files (one machine) or `s3`.", "remote storage",
         validator=OneOf(("local", "s3")))
-_define("remote.log.storage.key.prefix", str, "", "Prefix of every object key.", "remote storage")
-_define("remote.log.storage.local.dir", Path, Path("tierproxy-data/remote"),
+REMOTE_LOG_STORAGE_KEY_PREFIX = _define("remote.log.storage.key.prefix", str, "", "Prefix of every object key.", "remote storage")
+REMOTE_LOG_STORAGE_LOCAL_DIR = _define("remote.log.storage.local.dir", Path, Path("tierproxy-data/remote"),
         "Directory of the local-file backend.", "remote storage")
-_define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
-_define("remote.log.storage.s3.endpoint.url", str, "",
+REMOTE_LOG_STORAGE_S3_BUCKET = _define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
+REMOTE_LOG_STORAGE_S3_ENDPOINT_URL = _define("remote.log.storage.s3.endpoint.url", str, "",
         "S3 endpoint URL; empty for AWS's own endpoints.", "remote storage")
-_define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
-_define("remote.log.storage.s3.access.key.id", str, "",
+REMOTE_LOG_STORAGE_S3_REGION = _define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
+REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID = _define("remote.log.storage.s3.access.key.id", str, "",
         "S3 access key id; empty to use the default AWS credential chain.", "remote storage")
-_define("remote.log.storage.s3.secret.access.key", str, "", "S3 secret access key.", "remote storage",
+REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY = _define("remote.log.storage.s3.secret.access.key", str, "", "S3 secret access key.", "remote storage",
         secret=True)
-_define("remote.log.storage.s3.multipart.threshold.bytes", int, 16 * MIB,
+REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES = _define("remote.log.storage.s3.multipart.threshold.bytes", int, 16 * MIB,
         "Segments larger than this are uploaded in parts.", "remote storage", validator=Range(5 * MIB))
-_define("remote.log.storage.s3.multipart.part.bytes", int, 8 * MIB,
+REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES = _define("remote.log.storage.s3.multipart.part.bytes", int, 8 * MIB,
         "Size of one multipart part (S3's minimum is 5 MiB).", "remote storage", validator=Range(5 * MIB))
-_define("remote.log.storage.s3.max.connections", int, 32, "Connection pool size to S3.", "remote storage",
+REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS = _define("remote.log.storage.s3.max.connections", int, 32, "Connection pool size to S3.", "remote storage",
         validator=Range(1))
-_define("remote.log.storage.s3.request.timeout.ms", int, 30_000, "Timeout of one S3 request.",
+REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS = _define("remote.log.storage.s3.request.timeout.ms", int, 30_000, "Timeout of one S3 request.",
         "remote storage", validator=Range(1))
-_define("remote.log.storage.s3.max.attempts", int, 5, "Attempts of one S3 request before it fails.",
+REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS = _define("remote.log.storage.s3.max.attempts", int, 5, "Attempts of one S3 request before it fails.",
         "remote storage", validator=Range(1))
 
 # Remote log metadata
-_define("remote.log.metadata.backend", str, "file",
+REMOTE_LOG_METADATA_BACKEND = _define("remote.log.metadata.backend", str, "file",
         "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata.",
         "remote log metadata", validator=OneOf(("file", "topic")))
-_define("remote.log.metadata.dir", Path, Path("tierproxy-data/metadata"),
+REMOTE_LOG_METADATA_DIR = _define("remote.log.metadata.dir", Path, Path("tierproxy-data/metadata"),
         "Directory of the file backend, and of the topic backend's materialized flat files.",
         "remote log metadata")
-_define("remote.log.metadata.topic.num.partitions", int, 50,
+REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS = _define("remote.log.metadata.topic.num.partitions", int, 50,
         "Partitions of __remote_log_metadata when it is created.", "remote log metadata", validator=Range(1))
-_define("remote.log.metadata.topic.replication.factor", int, -1,
+REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR = _define("remote.log.metadata.topic.replication.factor", int, -1,
         "Replication of __remote_log_metadata when it is created; -1 for min(3, brokers).",
         "remote log metadata", validator=Range(-1, 32767))
 
 # Remote log manager (the pipeline's loop)
-_define("remote.log.manager.task.interval.ms", int, 30_000,
+REMOTE_LOG_MANAGER_TASK_INTERVAL_MS = _define("remote.log.manager.task.interval.ms", int, 30_000,
         "Interval between tiering passes of `tierproxy tier --every`.", "remote log manager",
         validator=Range(1))
-_define("remote.log.manager.task.retry.backoff.ms", int, 500, "First retry backoff of a remote operation.",
+REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS = _define("remote.log.manager.task.retry.backoff.ms", int, 500, "First retry backoff of a remote operation.",
         "remote log manager", validator=Range(0))
-_define("remote.log.manager.task.retry.backoff.max.ms", int, 30_000, "Largest retry backoff.",
+REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS = _define("remote.log.manager.task.retry.backoff.max.ms", int, 30_000, "Largest retry backoff.",
         "remote log manager", validator=Range(0))
-_define("remote.log.manager.task.retry.jitter", float, 0.2, "Random jitter of a retry backoff.",
+REMOTE_LOG_MANAGER_TASK_RETRY_JITTER = _define("remote.log.manager.task.retry.jitter", float, 0.2, "Random jitter of a retry backoff.",
         "remote log manager", validator=Range(0, 1))
-_define("remote.partition.remover.task.interval.ms", int, 3_600_000,
+REMOTE_PARTITION_REMOVER_TASK_INTERVAL_MS = _define("remote.partition.remover.task.interval.ms", int, 3_600_000,
         "Interval between checks for deleted topics whose remote data must be removed.",
         "remote log manager", validator=Range(1))
-_define("log.index.interval.bytes", int, 4096, "Bytes of log between two offset-index entries.",
+LOG_INDEX_INTERVAL_BYTES = _define("log.index.interval.bytes", int, 4096, "Bytes of log between two offset-index entries.",
         "remote log manager", validator=Range(0))
 
 # Defaults of tiered topics (Kafka's broker names; `topic.<name>.<key>` overrides)
-_define("log.local.retention.ms", int, -2,
+LOG_LOCAL_RETENTION_MS = _define("log.local.retention.ms", int, -2,
         "Local retention of tiered topics; -2 means retention.ms.", "topic defaults", validator=Range(-2))
-_define("log.local.retention.bytes", int, -2,
+LOG_LOCAL_RETENTION_BYTES = _define("log.local.retention.bytes", int, -2,
         "Local retention bytes of tiered topics; -2 means retention.bytes.", "topic defaults",
         validator=Range(-2))
-_define("log.retention.ms", int, 604_800_000, "Remote retention of tiered topics; -1 keeps forever.",
+LOG_RETENTION_MS = _define("log.retention.ms", int, 604_800_000, "Remote retention of tiered topics; -1 keeps forever.",
         "topic defaults", validator=Range(-1))
-_define("log.retention.bytes", int, -1, "Remote retention bytes per partition; -1 for no limit.",
+LOG_RETENTION_BYTES = _define("log.retention.bytes", int, -1, "Remote retention bytes per partition; -1 for no limit.",
         "topic defaults", validator=Range(-1))
-_define("log.segment.bytes", int, GIB, "Size of a remote segment cut by the pipeline.", "topic defaults",
+LOG_SEGMENT_BYTES = _define("log.segment.bytes", int, GIB, "Size of a remote segment cut by the pipeline.", "topic defaults",
         validator=Range(1))
-_define("log.roll.ms", int, 604_800_000,
+LOG_ROLL_MS = _define("log.roll.ms", int, 604_800_000,
         "A remote segment is also cut when its first batch is older than this.", "topic defaults",
         validator=Range(1))
 
@@ -286,95 +298,95 @@ TOPIC_DEFAULTS = {
 }
 
 # Pipeline
-_define("spark.master", str, "local[*]", "Spark master of the tiering pipeline (local[*], spark://, yarn, k8s://).",
+SPARK_MASTER = _define("spark.master", str, "local[*]", "Spark master of the tiering pipeline (local[*], spark://, yarn, k8s://).",
         "pipeline")
-_define("spark.app.name", str, "tierproxy-tier", "Spark application name.", "pipeline")
-_define("pipeline.fetch.max.bytes", int, 8 * MIB,
+SPARK_APP_NAME = _define("spark.app.name", str, "tierproxy-tier", "Spark application name.", "pipeline")
+PIPELINE_FETCH_MAX_BYTES = _define("pipeline.fetch.max.bytes", int, 8 * MIB,
         "Bytes asked for in one Fetch when a copy task reads a partition from its leader.", "pipeline",
         validator=Range(64 * 1024))
-_define("pipeline.test.fail.after.objects", int, 0,
+PIPELINE_TEST_FAIL_AFTER_OBJECTS = _define("pipeline.test.fail.after.objects", int, 0,
         "Test hook: the first attempt of a copy task fails after uploading this many objects "
         "(0, the default, turns it off). Only for fault-injection tests.", "pipeline", validator=Range(0))
 
 # Proxy
-_define("proxy.listener.host", str, "127.0.0.1", "Address the proxy listens on.", "proxy")
-_define("proxy.advertised.host", str, "",
+PROXY_LISTENER_HOST = _define("proxy.listener.host", str, "127.0.0.1", "Address the proxy listens on.", "proxy")
+PROXY_ADVERTISED_HOST = _define("proxy.advertised.host", str, "",
         "Host the proxy advertises to clients; empty for proxy.listener.host.", "proxy")
-_define("proxy.bootstrap.port", int, 9192, "Port of the proxy's bootstrap listener.", "proxy",
+PROXY_BOOTSTRAP_PORT = _define("proxy.bootstrap.port", int, 9192, "Port of the proxy's bootstrap listener.", "proxy",
         validator=Range(0, 65535))
-_define("proxy.broker.port.base", int, 9193,
+PROXY_BROKER_PORT_BASE = _define("proxy.broker.port.base", int, 9193,
         "The listener of broker node N is this port + N.", "proxy", validator=Range(0, 65535))
-_define("proxy.workers", int, 0,
+PROXY_WORKERS = _define("proxy.workers", int, 0,
         "Worker processes serving the proxy's listeners together (SO_REUSEPORT); 0 for one per CPU "
         "core. Each worker gets its share of the cache bounds, reader threads and connection limits, "
         "so the totals hold for the whole proxy; a worker that dies is restarted.", "proxy",
         validator=Range(0, 256))
-_define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
+SOCKET_REQUEST_MAX_BYTES = _define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
         validator=Range(1))
-_define("max.pending.response.bytes.per.connection", int, MIB,
+MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION = _define("max.pending.response.bytes.per.connection", int, MIB,
         "Response bytes a client has not read yet above which the proxy stops reading its requests "
         "(and its broker's responses) until they drained.", "connection limits", validator=Range(1024))
-_define("max.in.flight.requests.per.connection", int, 100,
+MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION = _define("max.in.flight.requests.per.connection", int, 100,
         "Requests read from one client and not answered yet; at the limit the proxy stops reading "
         "that client until a response went out.", "connection limits", validator=Range(1))
-_define("sasl.server.max.receive.size", int, 524_288,
+SASL_SERVER_MAX_RECEIVE_SIZE = _define("sasl.server.max.receive.size", int, 524_288,
         "Largest frame before SASL authentication completed (with security.protocol SASL_*).",
         "connection limits", validator=Range(1))
-_define("connections.max.idle.ms", int, 600_000,
+CONNECTIONS_MAX_IDLE_MS = _define("connections.max.idle.ms", int, 600_000,
         "A client connection with nothing received, sent or owed for this long is closed.",
         "connection limits", validator=Range(1))
-_define("request.receive.timeout.ms", int, 30_000,
+REQUEST_RECEIVE_TIMEOUT_MS = _define("request.receive.timeout.ms", int, 30_000,
         "A request frame begun but not complete after this long closes the connection "
         "(a client gives up on a request after its request.timeout.ms, 30 s by default).",
         "connection limits", validator=Range(1))
-_define("max.connections", int, 2**31 - 1,
+MAX_CONNECTIONS = _define("max.connections", int, 2**31 - 1,
         "Client connections the proxy accepts at once, all listeners together; over it a new "
         "connection is closed at once.", "connection limits", validator=Range(0))
-_define("max.connections.per.ip", int, 2**31 - 1,
+MAX_CONNECTIONS_PER_IP = _define("max.connections.per.ip", int, 2**31 - 1,
         "Client connections from one IP address at once; over it a new connection is closed at once.",
         "connection limits", validator=Range(0))
-_define("remote.log.index.file.cache.total.size.bytes", int, GIB,
+REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES = _define("remote.log.index.file.cache.total.size.bytes", int, GIB,
         "Bytes of remote indexes cached in memory (Kafka's name; the KIP's `.size.mb` is accepted too).",
         "proxy", validator=Range(0), alias="remote.log.index.file.cache.total.size.mb",
         alias_convert=lambda mb: mb * MIB)
-_define("remote.log.index.cache.dir", str, "",
+REMOTE_LOG_INDEX_CACHE_DIR = _define("remote.log.index.cache.dir", str, "",
         "Directory where fetched indexes are also kept, reloaded at start-up; empty for memory only.", "proxy")
-_define("remote.log.chunk.cache.size.bytes", int, 256 * MIB, "Bytes of remote segment data cached.", "proxy",
+REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES = _define("remote.log.chunk.cache.size.bytes", int, 256 * MIB, "Bytes of remote segment data cached.", "proxy",
         validator=Range(0))
-_define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
+REMOTE_LOG_CHUNK_SIZE_BYTES = _define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
         "proxy", validator=Range(4096))
-_define("remote.log.read.ahead.chunks", int, 2,
+REMOTE_LOG_READ_AHEAD_CHUNKS = _define("remote.log.read.ahead.chunks", int, 2,
         "Chunks prefetched after a sequential read, carrying on into the next segment near a segment's end.",
         "proxy", validator=Range(0))
-_define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
-_define("remote.log.reader.max.pending.tasks", int, 100,
+REMOTE_LOG_READER_THREADS = _define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
+REMOTE_LOG_READER_MAX_PENDING_TASKS = _define("remote.log.reader.max.pending.tasks", int, 100,
         "Remote reads waiting for a reader; beyond that a partition gets an immediate error.", "proxy",
         validator=Range(1))
-_define("remote.fetch.max.wait.ms", int, 500,
+REMOTE_FETCH_MAX_WAIT_MS = _define("remote.fetch.max.wait.ms", int, 500,
         "How long a fetch waits for remote data before returning empty records for it.", "proxy",
         validator=Range(1))
-_define("remote.fetch.max.bytes", int, 8 * MIB,
+REMOTE_FETCH_MAX_BYTES = _define("remote.fetch.max.bytes", int, 8 * MIB,
         "Most bytes of remote records in one Fetch response (the first partition with data always "
         "gets one whole batch). Kafka's own tiered storage serves one partition per Fetch.", "proxy",
         validator=Range(1))
-_define("tiered.storage.not.available.error.code", int, -1,
+TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE = _define("tiered.storage.not.available.error.code", int, -1,
         "Kafka error code sent when remote data cannot be read (UNKNOWN_SERVER_ERROR -1, "
         "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
         validator=OneOf((-1, 9, 7, 56)))
-_define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
+METRICS_PORT = _define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
         validator=Range(0, 65535))
-_define("broker.connection.setup.timeout.ms", int, 10_000,
+BROKER_CONNECTION_SETUP_TIMEOUT_MS = _define("broker.connection.setup.timeout.ms", int, 10_000,
         "How long the proxy waits for a client's upstream connection to a broker.", "proxy",
         validator=Range(1))
-_define("proxy.ssl.certificate.location", str, "",
+PROXY_SSL_CERTIFICATE_LOCATION = _define("proxy.ssl.certificate.location", str, "",
         "PEM certificate (chain) of the proxy's listeners; empty for plaintext listeners.", "proxy")
-_define("proxy.ssl.key.location", str, "",
+PROXY_SSL_KEY_LOCATION = _define("proxy.ssl.key.location", str, "",
         "PEM private key of proxy.ssl.certificate.location; empty if the certificate file holds it.", "proxy")
-_define("proxy.ssl.key.password", str, "", "Password of the private key, if encrypted.", "proxy",
+PROXY_SSL_KEY_PASSWORD = _define("proxy.ssl.key.password", str, "", "Password of the private key, if encrypted.", "proxy",
         secret=True)
 
-KEYS: Mapping[str, ConfigKey] = {key.name: key for key in _KEYS}
-TOPIC_KEYS: Mapping[str, ConfigKey] = _TOPIC_KEYS
+KEYS: Mapping[str, ConfigKey[Any]] = {key.name: key for key in _KEYS}
+TOPIC_KEYS: Mapping[str, ConfigKey[Any]] = _TOPIC_KEYS
 _ALIASES = {key.alias: key for key in _KEYS if key.alias}
 _TOPIC_PREFIX = "topic."
 
@@ -398,6 +410,12 @@ class Config:
     values: Mapping[str, Any]
     topics: Mapping[str, TopicConfig] = field(default_factory=dict)
     source: str = "<defaults>"
+
+    @overload
+    def __getitem__(self, name: ConfigKey[T]) -> T: ...
+
+    @overload
+    def __getitem__(self, name: str) -> Any: ...
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -544,7 +562,7 @@ def load(path: str | os.PathLike[str] | None, overrides: Iterable[str] = ()) -> 
         raise ConfigError(f"{source}: {e}") from None
 
 
-def effective(config: Config) -> list[tuple[ConfigKey, Any, bool]]:
+def effective(config: Config) -> list[tuple[ConfigKey[Any], Any, bool]]:
     """(key, value, is_default) of every key, secrets masked: for `config check`."""
     rows = []
     for key in _KEYS:

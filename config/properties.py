@@ -17,7 +17,7 @@ def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
             return dict(javaproperties.load(f))
     except (OSError, ValueError) as e:  # ValueError: not UTF-8, or a bad \\u escape
         # Imported here: `config` itself reads its file through this module.
-        from config import ConfigError
+        from tierproxy.config import ConfigError
 
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError(f"cannot read configuration file {os.fspath(path)}: {reason}") from None

@@ -21,16 +21,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from storage.errors import RemoteStorageError
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import (
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
 from .plan import PartitionPlan
 from .remote_retention import delete_segment

@@ -30,17 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.apis import ErrorCode, error_name
-from protocol.records import read_batch_header
-from config import Config, parse
-from storage.factory import remote_log_metadata_manager, remote_storage_manager
-from storage.indexes import LeaderEpochCheckpoint, ProducerState, build_segment_indexes, segment_file_name, write_indexes
-from storage.metadata import RemoteLogMetadataManager
-from storage.metadata.serde import deserialize, serialize
-from storage.model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata
-from storage.rsm import RemoteStorageManager
+from tierproxy.protocol.apis import ErrorCode, error_name
+from tierproxy.protocol.records import read_batch_header
+from tierproxy.config import (
+    Config,
+    parse,
+    LOG_INDEX_INTERVAL_BYTES,
+    PIPELINE_FETCH_MAX_BYTES,
+    PIPELINE_TEST_FAIL_AFTER_OBJECTS,
+    REMOTE_LOG_METADATA_BACKEND,
+)
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, build_segment_indexes, segment_file_name, write_indexes
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.serde import deserialize, serialize
+from tierproxy.storage.model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from client.cluster import Cluster, ClusterError
+from tierproxy.client.cluster import Cluster, ClusterError
 from .plan import PartitionPlan
 
 log = logging.getLogger(__name__)
@@ -81,7 +88,7 @@ def metadata_manager(config: Config, *, in_task: bool = False, scratch_dir: str 
     Topic backend: tasks only write, so they materialize into a scratch directory of their own
     instead of the driver's.
     """
-    if config["remote.log.metadata.backend"] == "file":
+    if config[REMOTE_LOG_METADATA_BACKEND] == "file":
         return remote_log_metadata_manager(config, shared=True)
     if in_task:
         if scratch_dir is None:
@@ -127,8 +134,8 @@ async def copy_partition(
     if plan.topic not in topics or topics[plan.topic].topic_id != plan.topic_id:
         raise CopyError(f"{plan.topic} was deleted or recreated since the pass was planned")
     producer_state, leader_epochs = await _initial_state(rsm, plan)
-    max_bytes = config["pipeline.fetch.max.bytes"]
-    index_interval = config["log.index.interval.bytes"]
+    max_bytes = config[PIPELINE_FETCH_MAX_BYTES]
+    index_interval = config[LOG_INDEX_INTERVAL_BYTES]
 
     uploading: asyncio.Task[None] | None = None
 
@@ -269,7 +276,7 @@ async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> 
     scratch = Path(tempfile.mkdtemp(prefix=f"tierproxy-copy-{plan.topic}-{plan.partition}-"))
     try:
         rsm = remote_storage_manager(config)
-        fail_after = config["pipeline.test.fail.after.objects"]
+        fail_after = config[PIPELINE_TEST_FAIL_AFTER_OBJECTS]
         if fail_after and attempt == 0:
             _inject_failure(rsm, fail_after)
         async with Cluster.from_config(config) as cluster, rsm, \

@@ -52,16 +52,23 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from protocol.records import BatchHeader, read_batch_header
-from config import Config, ConfigError, parse
-from config.properties import read_properties
-from storage.errors import RemoteResourceNotFound
-from storage.factory import remote_log_metadata_manager, remote_storage_manager
-from storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
-from storage.metadata import RemoteLogMetadataManager
-from storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
-from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from storage.rsm import RemoteStorageManager
+from tierproxy.protocol.records import BatchHeader, read_batch_header
+from tierproxy.config import (
+    Config,
+    ConfigError,
+    parse,
+    BOOTSTRAP_SERVERS,
+    REMOTE_LOG_METADATA_BACKEND,
+    REMOTE_LOG_METADATA_DIR,
+)
+from tierproxy.config.properties import read_properties
+from tierproxy.storage.errors import RemoteResourceNotFound
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
 
 from .records import RecordDecodeError, batch_records
 
@@ -223,7 +230,7 @@ def read_config(options: Mapping[str, str]) -> Config:
         config = parse(properties, source=path or "<options>")
     except ConfigError as e:
         raise ConfigError(f"{path or 'options'}: {e}") from None
-    if config["remote.log.metadata.backend"] == "topic" and not config["bootstrap.servers"]:
+    if config[REMOTE_LOG_METADATA_BACKEND] == "topic" and not config[BOOTSTRAP_SERVERS]:
         raise ConfigError("bootstrap.servers is required with remote.log.metadata.backend=topic")
     return config
 
@@ -246,7 +253,7 @@ async def plan_slices(options: ReadOptions) -> list[SegmentSlice]:
     config = parse(options.config)
     with tempfile.TemporaryDirectory(prefix="tierproxy-read-") as scratch:
         async with _metadata_manager(config, scratch) as rlmm:
-            if config["remote.log.metadata.backend"] == "topic":
+            if config[REMOTE_LOG_METADATA_BACKEND] == "topic":
                 await _wait_for_topic_metadata(rlmm, config, options.topic)
             partitions = await _topic_partitions(rlmm, options)
             plans = [(tp, _finished_segments(rlmm, tp)) for tp in partitions]
@@ -259,9 +266,9 @@ async def plan_slices(options: ReadOptions) -> list[SegmentSlice]:
 
 
 def _metadata_manager(config: Config, scratch: str) -> RemoteLogMetadataManager:
-    if config["remote.log.metadata.backend"] == "file":
+    if config[REMOTE_LOG_METADATA_BACKEND] == "file":
         # A reader never creates the file: a wrong directory would read as "nothing tiered".
-        directory = config["remote.log.metadata.dir"]
+        directory = config[REMOTE_LOG_METADATA_DIR]
         if not (directory / METADATA_LOG_FILE_NAME).is_file():
             raise ConfigError(f"remote.log.metadata.dir={str(directory)!r}: no remote log metadata there"
                               f" ({METADATA_LOG_FILE_NAME} is missing)")
@@ -275,7 +282,7 @@ def _metadata_manager(config: Config, scratch: str) -> RemoteLogMetadataManager:
 async def _wait_for_topic_metadata(rlmm: RemoteLogMetadataManager, config: Config, topic: str) -> None:
     """The topic backend reads __remote_log_metadata in the background after start: wait
     until it has read what was there for each partition the cluster knows of the topic."""
-    from client.cluster import Cluster
+    from tierproxy.client.cluster import Cluster
 
     async with Cluster.from_config(config, client_id="tierproxy-read") as cluster:
         info = (await cluster.topics([topic])).get(topic)

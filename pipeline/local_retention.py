@@ -33,12 +33,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from protocol.apis import OffsetSpec
-from config import Config, TopicConfig
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import RemoteLogSegmentMetadata, TopicIdPartition
+from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.config import Config, TopicConfig
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import RemoteLogSegmentMetadata, TopicIdPartition
 
-from client.cluster import Cluster, ListedOffset, TopicInfo
+from tierproxy.client.cluster import Cluster, ListedOffset, TopicInfo
 from .retention_rule import finished_segments, retention_prefix
 
 log = logging.getLogger(__name__)

@@ -25,19 +25,19 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import Config
-from storage.files import write_atomically
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import (
+from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR, REMOTE_PARTITION_REMOVER_TASK_INTERVAL_MS
+from tierproxy.storage.files import write_atomically
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from client.cluster import Cluster
+from tierproxy.client.cluster import Cluster
 from .local_retention import METADATA_READY_TIMEOUT_S
 from .remote_retention import wall_clock_ms
 
@@ -90,9 +90,9 @@ async def remove_deleted_partitions(
 ) -> PartitionRemoverResult:
     """Remove the remote data of every partition whose topic is gone from the cluster, if
     `remote.partition.remover.task.interval.ms` passed since the last run (or `force`)."""
-    state_path = Path(config["remote.log.metadata.dir"]) / STATE_FILE_NAME
+    state_path = Path(config[REMOTE_LOG_METADATA_DIR]) / STATE_FILE_NAME
     last = last_run_ms(state_path)
-    if not force and last is not None and now_ms - last < config["remote.partition.remover.task.interval.ms"]:
+    if not force and last is not None and now_ms - last < config[REMOTE_PARTITION_REMOVER_TASK_INTERVAL_MS]:
         return PartitionRemoverResult(False, [], [])
     result = PartitionRemoverResult(True, [], [])
 

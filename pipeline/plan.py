@@ -18,13 +18,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from config import Config
-from protocol.apis import OffsetSpec
-from storage.metadata import RemoteLogMetadataManager
-from storage.metadata.serde import serialize
-from storage.model import RemoteLogSegmentState, TopicIdPartition
+from tierproxy.config import Config
+from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.serde import serialize
+from tierproxy.storage.model import RemoteLogSegmentState, TopicIdPartition
 
-from client.cluster import READ_COMMITTED, Cluster
+from tierproxy.client.cluster import READ_COMMITTED, Cluster
 
 log = logging.getLogger(__name__)
 

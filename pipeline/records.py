@@ -22,8 +22,8 @@ from typing import Final, NamedTuple
 
 import cramjam
 
-from protocol.errors import DecodeError
-from protocol.records import HEADER_SIZE, BatchHeader, Compression, TimestampType, read_varint
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import HEADER_SIZE, BatchHeader, Compression, TimestampType, read_varint
 
 # Snappy as written by Kafka's Java clients (xerial's SnappyOutputStream): this magic,
 # version and compatible-version int32s, then blocks of (length int32, raw snappy).

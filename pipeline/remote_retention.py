@@ -21,18 +21,18 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from config import Config
-from storage.errors import RemoteLogMetadataError
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import (
+from tierproxy.config import Config
+from tierproxy.storage.errors import RemoteLogMetadataError
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from client.cluster import TopicInfo
+from tierproxy.client.cluster import TopicInfo
 from .local_retention import METADATA_READY_TIMEOUT_S
 from .retention_rule import finished_segments, retention_prefix
 

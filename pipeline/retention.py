@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from config import Config
-from storage.metadata import RemoteLogMetadataManager
-from storage.rsm import RemoteStorageManager
+from tierproxy.config import Config
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from client.cluster import Cluster
+from tierproxy.client.cluster import Cluster
 from .local_retention import LocalTrim, apply_local_retention
 from .partition_remover import PartitionRemoval, remove_deleted_partitions
 from .remote_retention import RemoteExpiry, apply_remote_retention

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState
+from tierproxy.storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState
 
 
 def finished_segments(segments: Iterable[RemoteLogSegmentMetadata]) -> list[RemoteLogSegmentMetadata]:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from config import Config
+from tierproxy.config import Config, SPARK_APP_NAME, SPARK_MASTER
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -40,8 +40,8 @@ def spark_session(config: Config, conf: Mapping[str, str] | None = None):
 
         SparkContext._ensure_initialized()
         submitted = SparkConf()
-    master = submitted.get("spark.master", None) or config["spark.master"]
-    app_name = submitted.get("spark.app.name", None) or config["spark.app.name"]
+    master = submitted.get("spark.master", None) or config[SPARK_MASTER]
+    app_name = submitted.get("spark.app.name", None) or config[SPARK_APP_NAME]
     builder = SparkSession.builder.master(master).appName(app_name)
     # The pipeline prints its own progress; Spark's console bar would interleave with it.
     builder = builder.config("spark.ui.showConsoleProgress", "false")

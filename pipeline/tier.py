@@ -22,7 +22,7 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    to COPY_SEGMENT_FINISHED in offset order, each only if it starts at the remote end + 1.
    Every other STARTED segment (failed attempts, speculative duplicates) is deleted through
    DELETE_SEGMENT_STARTED -> objects deleted -> DELETE_SEGMENT_FINISHED.
-5. Retention (`pipeline.retention.run_retention`): DeleteRecords on the broker over data now
+5. Retention (`tierproxy.pipeline.retention.run_retention`): DeleteRecords on the broker over data now
    FINISHED remotely, remote expiry, removal of deleted topics' partitions.
 6. A summary table: partitions, segments, bytes, MB/s, trimmed, expired.
 
@@ -63,12 +63,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from config import Config
-from config.tables import text_table
-from storage.backoff import ExponentialBackoff
-from storage.factory import remote_storage_manager
+from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR
+from tierproxy.config.tables import text_table
+from tierproxy.storage.backoff import ExponentialBackoff
+from tierproxy.storage.factory import remote_storage_manager
 
-from client.cluster import Cluster
+from tierproxy.client.cluster import Cluster
 from .commit import CommitResult, clean_orphans, commit_partition
 from .copy import CopyResult, copy_task, metadata_manager
 from .plan import PartitionPlan, plan_pass
@@ -85,7 +85,7 @@ class PipelineBusy(RuntimeError):
 
 @contextlib.contextmanager
 def pipeline_lock(config: Config) -> Iterator[None]:
-    directory = Path(config["remote.log.metadata.dir"])
+    directory = Path(config[REMOTE_LOG_METADATA_DIR])
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -205,8 +205,8 @@ def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream
 
 
 def _retention_step():
-    """`pipeline.retention.run_retention`, if that module is installed."""
-    if importlib.util.find_spec("pipeline.retention") is None:
+    """`tierproxy.pipeline.retention.run_retention`, if that module is installed."""
+    if importlib.util.find_spec("tierproxy.pipeline.retention") is None:
         return None
     from .retention import run_retention
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import struct
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.headers import RequestHeader, parse_response_header, response_header_version
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.headers import RequestHeader, parse_response_header, response_header_version
 
 from .metrics import api_name
 

@@ -39,11 +39,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from protocol.apis import ApiKey
-from protocol.codecs import encode_response
-from protocol.errors import DecodeError, FrameError, ProtocolError
-from protocol.framing import FrameDecoder, encode_frame
-from protocol.headers import (
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.codecs import encode_response
+from tierproxy.protocol.errors import DecodeError, FrameError, ProtocolError
+from tierproxy.protocol.framing import FrameDecoder, encode_frame
+from tierproxy.protocol.headers import (
     RequestHeader,
     encode_response_header,
     parse_response_header,
@@ -57,6 +57,7 @@ from .authentication import SaslGate, UnauthenticatedRequest
 from .handlers import ConnectionContext, Interceptor, InvalidRequest
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
+from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION, SASL_SERVER_MAX_RECEIVE_SIZE, SECURITY_PROTOCOL, SOCKET_REQUEST_MAX_BYTES
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -189,11 +190,11 @@ class ClientConnection(asyncio.Protocol):
         config = services.config
         self._interceptors = services.interceptors
         self._metrics = services.metrics
-        self._max_pending_response_bytes: int = config["max.pending.response.bytes.per.connection"]
-        self._max_in_flight: int = config["max.in.flight.requests.per.connection"]
-        self._sasl = SaslGate() if config["security.protocol"].startswith("SASL_") else None
+        self._max_pending_response_bytes: int = config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION]
+        self._max_in_flight: int = config[MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION]
+        self._sasl = SaslGate() if config[SECURITY_PROTOCOL].startswith("SASL_") else None
         self._decoder = FrameDecoder(
-            config["socket.request.max.bytes"] if self._sasl is None else config["sasl.server.max.receive.size"])
+            config[SOCKET_REQUEST_MAX_BYTES] if self._sasl is None else config[SASL_SERVER_MAX_RECEIVE_SIZE])
         self._client: asyncio.Transport | None = None
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
@@ -466,7 +467,7 @@ class ClientConnection(asyncio.Protocol):
         assert self._sasl is not None
         try:
             if self._sasl.on_authenticate_response(api_version, body):
-                self._decoder.max_frame_bytes = self.server.services.config["socket.request.max.bytes"]
+                self._decoder.max_frame_bytes = self.server.services.config[SOCKET_REQUEST_MAX_BYTES]
         except ProtocolError as e:
             self.close(f"bad SaslAuthenticate response from broker: {e}", level=logging.ERROR)
 

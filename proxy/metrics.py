@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from protocol.apis import ApiKey
+from tierproxy.protocol.apis import ApiKey
 
 __all__ = ("ProxyMetrics", "api_name", "metrics_endpoint")
 

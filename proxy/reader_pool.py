@@ -27,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from storage.backoff import read_deadline
-from storage.errors import RemoteStorageError
+from tierproxy.storage.backoff import read_deadline
+from tierproxy.storage.errors import RemoteStorageError
 
 from .remote_metrics import ReadErrorReason, RemoteMetrics
 

@@ -23,8 +23,8 @@ import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from cache import CacheMetrics
-from protocol.apis import error_name
+from tierproxy.cache import CacheMetrics
+from tierproxy.protocol.apis import error_name
 
 
 # From a cache hit (sub-millisecond) to a store that takes seconds.

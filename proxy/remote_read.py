@@ -43,30 +43,40 @@ from typing import NamedTuple
 
 from cachetools import LRUCache
 
-from cache.chunk_cache import ChunkCache
-from cache.index_cache import RemoteIndexCache
-from protocol.errors import DecodeError
-from protocol.records import (
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.index_cache import RemoteIndexCache
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
     crc_valid,
     read_batch_header,
 )
-from storage.errors import (
+from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
     RemoteResourceNotFound,
     RemoteStorageError,
 )
-from storage.indexes import CorruptIndexError, CorruptLogError
-from storage.indexes.transaction_index import AbortedTxn
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from storage.records import first_record_at_or_after
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.indexes import CorruptIndexError, CorruptLogError
+from tierproxy.storage.indexes.transaction_index import AbortedTxn
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.records import first_record_at_or_after
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from config import Config
+from tierproxy.config import (
+    Config,
+    REMOTE_FETCH_MAX_WAIT_MS,
+    REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES,
+    REMOTE_LOG_CHUNK_SIZE_BYTES,
+    REMOTE_LOG_INDEX_CACHE_DIR,
+    REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES,
+    REMOTE_LOG_READER_MAX_PENDING_TASKS,
+    REMOTE_LOG_READER_THREADS,
+    REMOTE_LOG_READ_AHEAD_CHUNKS,
+)
 from .reader_pool import ReadOutcome, RemoteLogReaderPool
 from .remote_metrics import ReadErrorReason, RemoteMetrics
 
@@ -537,29 +547,29 @@ class RemoteReadEngine:
         metrics = metrics if metrics is not None else RemoteMetrics()
         index_cache = RemoteIndexCache(
             rsm,
-            max_bytes=config["remote.log.index.file.cache.total.size.bytes"],
-            cache_dir=config["remote.log.index.cache.dir"] or None,
+            max_bytes=config[REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES],
+            cache_dir=config[REMOTE_LOG_INDEX_CACHE_DIR] or None,
             shared=shared_index_dir,
             metrics=metrics.cache("index"),
         )
         chunk_cache = ChunkCache(
             rsm,
-            chunk_size=config["remote.log.chunk.size.bytes"],
-            max_bytes=config["remote.log.chunk.cache.size.bytes"],
-            read_ahead_chunks=config["remote.log.read.ahead.chunks"],
+            chunk_size=config[REMOTE_LOG_CHUNK_SIZE_BYTES],
+            max_bytes=config[REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES],
+            read_ahead_chunks=config[REMOTE_LOG_READ_AHEAD_CHUNKS],
             metrics=metrics.cache("chunk"),
         )
         return cls(
             reader=RemoteLogReader(rsm, rlmm, index_cache, chunk_cache, metrics),
             pool=RemoteLogReaderPool(
-                threads=config["remote.log.reader.threads"],
-                max_pending_tasks=config["remote.log.reader.max.pending.tasks"],
+                threads=config[REMOTE_LOG_READER_THREADS],
+                max_pending_tasks=config[REMOTE_LOG_READER_MAX_PENDING_TASKS],
                 metrics=metrics,
             ),
             index_cache=index_cache,
             chunk_cache=chunk_cache,
             metrics=metrics,
-            fetch_max_wait_s=config["remote.fetch.max.wait.ms"] / 1000,
+            fetch_max_wait_s=config[REMOTE_FETCH_MAX_WAIT_MS] / 1000,
         )
 
     async def start(self) -> None:

@@ -8,8 +8,8 @@ import asyncio
 import logging
 import signal
 
-from config import Config
-from protocol.codecs import preload
+from tierproxy.config import Config, METRICS_PORT, PROXY_LISTENER_HOST
+from tierproxy.protocol.codecs import preload
 
 from .handlers import InterceptorRegistry
 from .handlers.addresses import address_rewriters
@@ -56,8 +56,8 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
     http = None
     try:
         await server.start()
-        if config["metrics.port"]:
-            http = metrics_endpoint(config["proxy.listener.host"], config["metrics.port"], metrics.registry)
+        if config[METRICS_PORT]:
+            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
         log.info("tierproxy serving on %s, broker nodes %s", server.bootstrap_servers,
                  sorted(server.node_listeners) or "not known yet")
         await stop.wait()

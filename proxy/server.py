@@ -16,12 +16,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from client.connection import KafkaConnection, KafkaConnectionError
-from client.security import security
-from config import Config
-from config.addresses import parse_host_port
-from protocol.errors import ProtocolError
-from protocol.requests import metadata_request
+from tierproxy.client.connection import KafkaConnection, KafkaConnectionError
+from tierproxy.client.security import security
+from tierproxy.config import (
+    Config,
+    BOOTSTRAP_SERVERS,
+    BROKER_CONNECTION_SETUP_TIMEOUT_MS,
+    CONNECTIONS_MAX_IDLE_MS,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    PROXY_ADVERTISED_HOST,
+    PROXY_BOOTSTRAP_PORT,
+    PROXY_BROKER_PORT_BASE,
+    PROXY_LISTENER_HOST,
+    REQUEST_RECEIVE_TIMEOUT_MS,
+)
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.protocol.errors import ProtocolError
+from tierproxy.protocol.requests import metadata_request
 
 from .client_connection import ClientConnection
 from .handlers import InterceptorRegistry, ProxyServices
@@ -52,21 +64,21 @@ class ProxyServer:
         # connection gets only the TLS part, and the client brings its own SASL.
         self._security = security(config)
         self._broker_ssl = self._security.ssl_context
-        self._host: str = config["proxy.listener.host"]
-        self._advertised_host: str = config["proxy.advertised.host"] or self._host
-        self._port_base: int = config["proxy.broker.port.base"]
-        self._connect_timeout = config["broker.connection.setup.timeout.ms"] / 1000
-        self._bootstrap = [parse_host_port(a) for a in config["bootstrap.servers"]]
+        self._host: str = config[PROXY_LISTENER_HOST]
+        self._advertised_host: str = config[PROXY_ADVERTISED_HOST] or self._host
+        self._port_base: int = config[PROXY_BROKER_PORT_BASE]
+        self._connect_timeout = config[BROKER_CONNECTION_SETUP_TIMEOUT_MS] / 1000
+        self._bootstrap = [parse_host_port(a) for a in config[BOOTSTRAP_SERVERS]]
         self._next_bootstrap = 0
         self._brokers: dict[int, tuple[str, int]] = {}
         self._servers: dict[int | None, asyncio.Server] = {}
         self._listen_lock = asyncio.Lock()
         self._connections: set[ClientConnection] = set()
         self._per_ip: dict[str, int] = {}
-        self._max_connections: int = config["max.connections"]
-        self._max_connections_per_ip: int = config["max.connections.per.ip"]
-        self._idle_s = config["connections.max.idle.ms"] / 1000
-        self._receive_s = config["request.receive.timeout.ms"] / 1000
+        self._max_connections: int = config[MAX_CONNECTIONS]
+        self._max_connections_per_ip: int = config[MAX_CONNECTIONS_PER_IP]
+        self._idle_s = config[CONNECTIONS_MAX_IDLE_MS] / 1000
+        self._receive_s = config[REQUEST_RECEIVE_TIMEOUT_MS] / 1000
         self._reaper: asyncio.Task[None] | None = None
         self._started = False
 
@@ -78,7 +90,7 @@ class ProxyServer:
         await self.services.interceptors.start()
         self._started = True
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
-        self._servers[None] = await self._listen(None, self.config["proxy.bootstrap.port"])
+        self._servers[None] = await self._listen(None, self.config[PROXY_BOOTSTRAP_PORT])
         if discover:
             await self._discover()
 

@@ -15,14 +15,14 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
-from protocol.apis import ErrorCode
-from storage.errors import MetadataNotReady, RemoteStorageError
-from storage.factory import remote_log_metadata_manager, remote_storage_manager
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import TopicIdPartition
-from storage.rsm import RemoteStorageManager
+from tierproxy.protocol.apis import ErrorCode
+from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from config import Config
+from tierproxy.config import Config, TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE
 from .remote_metrics import RemoteMetrics
 from .remote_read import RemoteReadEngine
 
@@ -50,7 +50,7 @@ class RemoteTier:
                                                    shared_index_dir=shared_index_dir)
         if hasattr(self.rsm, "observe_request"):  # object stores report every request
             self.rsm.observe_request = self.metrics.store_request
-        self.unavailable_code = ErrorCode(config["tiered.storage.not.available.error.code"])
+        self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
         self._refresher: asyncio.Task | None = None
 
     async def start(self) -> None:

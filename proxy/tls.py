@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import ssl
 
-from config import Config, ConfigError
+from tierproxy.config import (
+    Config,
+    ConfigError,
+    PROXY_SSL_CERTIFICATE_LOCATION,
+    PROXY_SSL_KEY_LOCATION,
+    PROXY_SSL_KEY_PASSWORD,
+)
 
 __all__ = ("listener_ssl_context",)
 
 
 def listener_ssl_context(config: Config) -> ssl.SSLContext | None:
     """The server context of the client listeners; None for plaintext."""
-    certificate = config["proxy.ssl.certificate.location"]
+    certificate = config[PROXY_SSL_CERTIFICATE_LOCATION]
     if not certificate:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(certificate, config["proxy.ssl.key.location"] or None,
-                                config["proxy.ssl.key.password"] or None)
+        context.load_cert_chain(certificate, config[PROXY_SSL_KEY_LOCATION] or None,
+                                config[PROXY_SSL_KEY_PASSWORD] or None)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"proxy.ssl.certificate.location={certificate}: cannot load certificate and key: {e}") from e
     return context

@@ -24,7 +24,15 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from config import Config
+from tierproxy.config import (
+    Config,
+    METRICS_PORT,
+    PROXY_BOOTSTRAP_PORT,
+    PROXY_LISTENER_HOST,
+    PROXY_WORKERS,
+    REMOTE_LOG_INDEX_CACHE_DIR,
+    REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES,
+)
 
 __all__ = ("WORKER_CANNOT_START", "shares", "supervise", "watch_supervisor", "worker_count")
 
@@ -51,7 +59,7 @@ _DIVIDED = (
 
 
 def worker_count(config: Config) -> int:
-    return config["proxy.workers"] or os.cpu_count() or 1
+    return config[PROXY_WORKERS] or os.cpu_count() or 1
 
 
 def shares(config: Config, count: int) -> dict[str, str]:
@@ -73,11 +81,11 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
     metrics_dir = tempfile.mkdtemp(prefix="tierproxy-metrics-")
     reserved = None
     overrides = {**shares(config, count), "proxy.workers": "1", "metrics.port": "0"}
-    if config["proxy.bootstrap.port"] == 0:
+    if config[PROXY_BOOTSTRAP_PORT] == 0:
         # Every worker must listen on the same port: pick it once and hold it (bound, not
         # listening, so it takes no connections).
-        reserved = _reserve_port(config["proxy.listener.host"])
-        overrides["proxy.bootstrap.port"] = str(reserved.getsockname()[1])
+        reserved = _reserve_port(config[PROXY_LISTENER_HOST])
+        overrides[PROXY_BOOTSTRAP_PORT] = str(reserved.getsockname()[1])
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     command = [sys.executable, "-m", "tierproxy.cli", "serve", *config_arguments,
                *(a for k, v in overrides.items() for a in ("--override", f"{k}={v}")),
@@ -88,7 +96,7 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
     status = 0
     try:
         _prune_index_directory(config)
-        if config["metrics.port"]:
+        if config[METRICS_PORT]:
             http = _metrics_endpoint(config, metrics_dir)
         for index in range(count):
             workers[index] = _start(command, index, env)
@@ -173,7 +181,7 @@ def _metrics_endpoint(config: Config, metrics_dir: str):  # type: ignore[no-unty
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=metrics_dir)
-    return metrics_endpoint(config["proxy.listener.host"], config["metrics.port"], registry)
+    return metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], registry)
 
 
 def _forget(metrics_dir: str, pid: int) -> None:
@@ -186,11 +194,11 @@ def _forget(metrics_dir: str, pid: int) -> None:
 def _prune_index_directory(config: Config) -> None:
     """The shared on-disk index cache cut to the whole proxy's bound once, before any worker
     starts (workers only add to it and remove what they evict)."""
-    directory = config["remote.log.index.cache.dir"]
+    directory = config[REMOTE_LOG_INDEX_CACHE_DIR]
     if directory:
-        from cache.index_cache import prune_index_directory
+        from tierproxy.cache.index_cache import prune_index_directory
 
-        prune_index_directory(directory, config["remote.log.index.file.cache.total.size.bytes"])
+        prune_index_directory(directory, config[REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES])
 
 
 def watch_supervisor(supervisor_pid: int) -> None:

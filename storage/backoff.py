@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+from tierproxy.config import REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER
 
 __all__ = ("ExponentialBackoff", "read_deadline", "retry_fits")
 
@@ -63,9 +64,9 @@ class ExponentialBackoff:
     def from_config(cls, config: Mapping[str, Any]) -> ExponentialBackoff:
         """The backoff of `remote.log.manager.task.retry.backoff.ms`, `...backoff.max.ms` and `...jitter`."""
         return cls(
-            config["remote.log.manager.task.retry.backoff.ms"],
-            config["remote.log.manager.task.retry.backoff.max.ms"],
-            config["remote.log.manager.task.retry.jitter"],
+            config[REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS],
+            config[REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS],
+            config[REMOTE_LOG_MANAGER_TASK_RETRY_JITTER],
         )
 
     def backoff_ms(self, attempts: int, uniform: Callable[[float, float], float] = random.uniform) -> float:

@@ -9,37 +9,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from client.security import aiokafka_options
+from tierproxy.client.security import aiokafka_options
 
 from .metadata import RemoteLogMetadataManager
 from .rsm import RemoteStorageManager
+from tierproxy.config import BOOTSTRAP_SERVERS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR, REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS, REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR, REMOTE_LOG_STORAGE_BACKEND, REMOTE_LOG_STORAGE_KEY_PREFIX, REMOTE_LOG_STORAGE_LOCAL_DIR, REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID, REMOTE_LOG_STORAGE_S3_BUCKET, REMOTE_LOG_STORAGE_S3_ENDPOINT_URL, REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS, REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS, REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES, REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES, REMOTE_LOG_STORAGE_S3_REGION, REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS, REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY
 
 
 def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageManager:
-    backend = config["remote.log.storage.backend"]
-    prefix = config["remote.log.storage.key.prefix"]
+    backend = config[REMOTE_LOG_STORAGE_BACKEND]
+    prefix = config[REMOTE_LOG_STORAGE_KEY_PREFIX]
     if backend == "local":
         from .local import LocalRemoteStorageManager
 
-        return LocalRemoteStorageManager(config["remote.log.storage.local.dir"], prefix=prefix)
+        return LocalRemoteStorageManager(config[REMOTE_LOG_STORAGE_LOCAL_DIR], prefix=prefix)
     if backend == "s3":
         from .s3 import S3RemoteStorageManager
 
         return S3RemoteStorageManager(
-            config["remote.log.storage.s3.bucket"],
+            config[REMOTE_LOG_STORAGE_S3_BUCKET],
             prefix,
-            endpoint_url=config["remote.log.storage.s3.endpoint.url"] or None,
-            region=config["remote.log.storage.s3.region"],
-            access_key_id=config["remote.log.storage.s3.access.key.id"] or None,
-            secret_access_key=config["remote.log.storage.s3.secret.access.key"] or None,
-            multipart_threshold_bytes=config["remote.log.storage.s3.multipart.threshold.bytes"],
-            multipart_part_bytes=config["remote.log.storage.s3.multipart.part.bytes"],
-            max_connections=config["remote.log.storage.s3.max.connections"],
-            retry_backoff_ms=config["remote.log.manager.task.retry.backoff.ms"],
-            retry_backoff_max_ms=config["remote.log.manager.task.retry.backoff.max.ms"],
-            retry_jitter=config["remote.log.manager.task.retry.jitter"],
-            max_attempts=config["remote.log.storage.s3.max.attempts"],
-            request_timeout_ms=config["remote.log.storage.s3.request.timeout.ms"],
+            endpoint_url=config[REMOTE_LOG_STORAGE_S3_ENDPOINT_URL] or None,
+            region=config[REMOTE_LOG_STORAGE_S3_REGION],
+            access_key_id=config[REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID] or None,
+            secret_access_key=config[REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY] or None,
+            multipart_threshold_bytes=config[REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES],
+            multipart_part_bytes=config[REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES],
+            max_connections=config[REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS],
+            retry_backoff_ms=config[REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS],
+            retry_backoff_max_ms=config[REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS],
+            retry_jitter=config[REMOTE_LOG_MANAGER_TASK_RETRY_JITTER],
+            max_attempts=config[REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS],
+            request_timeout_ms=config[REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS],
         )
     raise ValueError(f"remote.log.storage.backend={backend!r}: must be local or s3")
 
@@ -54,8 +55,8 @@ def remote_log_metadata_manager(
     File backend: `shared` for several writers at once (the pipeline's driver and
     tasks), each append under the file's lock.
     """
-    backend = config["remote.log.metadata.backend"]
-    directory = config["remote.log.metadata.dir"]
+    backend = config[REMOTE_LOG_METADATA_BACKEND]
+    directory = config[REMOTE_LOG_METADATA_DIR]
     if backend == "file":
         from .metadata.file_store import FileRemoteLogMetadataManager
 
@@ -63,11 +64,11 @@ def remote_log_metadata_manager(
     if backend == "topic":
         from .metadata.topic_store import TopicRemoteLogMetadataManager
 
-        replication = config["remote.log.metadata.topic.replication.factor"]
+        replication = config[REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR]
         return TopicRemoteLogMetadataManager(
-            ",".join(config["bootstrap.servers"]),
+            ",".join(config[BOOTSTRAP_SERVERS]),
             directory=directory,
-            num_partitions=config["remote.log.metadata.topic.num.partitions"],
+            num_partitions=config[REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS],
             replication_factor=None if replication == -1 else replication,
             client_config=aiokafka_options(config),
             read_only=read_only,

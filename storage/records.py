@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiokafka.record.default_records import DefaultRecordBatch
 
-from protocol.errors import DecodeError
+from tierproxy.protocol.errors import DecodeError
 
 __all__ = ("first_record_at_or_after",)
 

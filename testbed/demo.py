@@ -35,8 +35,8 @@ import javaproperties
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from client.security import aiokafka_options
-from config import Config, parse
+from tierproxy.client.security import aiokafka_options
+from tierproxy.config import Config, parse
 from testbed.kafka import KafkaCluster
 from testbed.ports import free_ports
 
@@ -223,8 +223,8 @@ def _stop(proxy: subprocess.Popen | None) -> None:
 
 
 async def _local_log_start(config: Config) -> dict[int, int]:
-    from client.cluster import Cluster
-    from protocol.apis import OffsetSpec
+    from tierproxy.client.cluster import Cluster
+    from tierproxy.protocol.apis import OffsetSpec
 
     async with Cluster.from_config(config) as cluster:
         topics = await cluster.topics([TOPIC])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import socket
 import struct
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder
-from protocol.headers import encode_request_header
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.framing import FrameDecoder
+from tierproxy.protocol.headers import encode_request_header
 
 CLIENT_ID = "testbed-raw"
 

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _security_epilog() -> str:
     """The security keys of the .properties file, from their declarations."""
-    from config import KEYS
+    from tierproxy.config import KEYS
 
     keys = [key for key in KEYS.values() if key.group == "security"]
     lines = ["Secured clusters: every command reaches the brokers as the --config file says, with",
@@ -45,7 +45,7 @@ def _security_epilog() -> str:
 
 
 # What each extra of pyproject.toml brings (module: distribution), for the subcommands
-# that need it: `pip install tierproxy` alone is the proxy.
+# that need it: `pip install kafka-tierproxy` alone is the proxy.
 EXTRAS: dict[str, dict[str, str]] = {
     "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas"},
     "loadtest": {"confluent_kafka": "confluent-kafka"},
@@ -58,7 +58,7 @@ def missing_extra(extra: str) -> str | None:
 
     for module, distribution in EXTRAS[extra].items():
         if find_spec(module) is None:
-            return f"{distribution} is not installed: pip install 'tierproxy[{extra}]'"
+            return f"{distribution} is not installed: pip install 'kafka-tierproxy[{extra}]'"
     return None
 
 

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from client.security import security
-from config import (
+from tierproxy.client.security import security
+from tierproxy.config import (
     TOPIC_DEFAULTS as TOPIC_FALLBACKS,  # topic-level key -> the default key it falls back to
     GIB,
     KEYS,
@@ -34,8 +34,8 @@ from config import (
     load,
     parse_overrides,
 )
-from config.properties import read_properties
-from config.tables import text_table
+from tierproxy.config.properties import read_properties
+from tierproxy.config.tables import text_table
 
 EXIT_OK = 0
 EXIT_INVALID = 2

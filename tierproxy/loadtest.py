@@ -523,8 +523,8 @@ def _security_config(args: argparse.Namespace) -> dict[str, str]:
     """librdkafka's spelling of the security in --config (nothing without one)."""
     if args.config is None and not args.override:
         return {}
-    from client.security import librdkafka_options
-    from config import load
+    from tierproxy.client.security import librdkafka_options
+    from tierproxy.config import load
 
     # The file's bootstrap.servers is the cluster's; the consumers go to --bootstrap.
     return librdkafka_options(load(args.config, [*args.override, f"bootstrap.servers={args.bootstrap}"]))

@@ -16,10 +16,10 @@ import sys
 
 from aiokafka.errors import KafkaError
 
-from client.cluster import check_login
-from client.connection import AuthenticationError
-from config import ConfigError, load
-from storage.errors import RemoteLogMetadataError
+from tierproxy.client.cluster import check_login
+from tierproxy.client.connection import AuthenticationError
+from tierproxy.config import ConfigError, load
+from tierproxy.storage.errors import RemoteLogMetadataError
 
 LOG_FORMAT = "%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
 
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
-    from proxy.serve import serve
-    from proxy.workers import WORKER_CANNOT_START, supervise, watch_supervisor, worker_count
+    from tierproxy.proxy.serve import serve
+    from tierproxy.proxy.workers import WORKER_CANNOT_START, supervise, watch_supervisor, worker_count
 
     if worker:
         watch_supervisor(args.worker_of)

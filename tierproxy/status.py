@@ -34,16 +34,16 @@ from typing import Any, TextIO
 
 from aiokafka.errors import KafkaError
 
-from client.cluster import READ_COMMITTED, Cluster, ClusterError
-from protocol.apis import OffsetSpec
-from storage.errors import MetadataNotReady, RemoteLogMetadataError
-from storage.factory import remote_log_metadata_manager
-from storage.metadata import RemoteLogMetadataManager
-from storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
-from storage.model import RemoteLogSegmentState, TopicIdPartition
+from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
+from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.storage.errors import MetadataNotReady, RemoteLogMetadataError
+from tierproxy.storage.factory import remote_log_metadata_manager
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
+from tierproxy.storage.model import RemoteLogSegmentState, TopicIdPartition
 
-from config import Config, ConfigError, load
-from config.tables import text_table
+from tierproxy.config import Config, ConfigError, load, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR
+from tierproxy.config.tables import text_table
 
 EXIT_OK = 0
 EXIT_BROKEN = 1
@@ -120,7 +120,7 @@ class Report:
 async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Cluster) -> RemoteLogMetadataManager | None:
     """A started metadata manager that cannot disturb a running pipeline or proxy, or None
     when no remote log metadata exists yet."""
-    if config["remote.log.metadata.backend"] == "file":
+    if config[REMOTE_LOG_METADATA_BACKEND] == "file":
         return await stack.enter_async_context(remote_log_metadata_manager(config, read_only=True))
     # The topic backend writes materialized files into its directory: never into the
     # directory a running pipeline or proxy owns. Start from a copy of it (committed
@@ -129,7 +129,7 @@ async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Clus
     if DEFAULT_TOPIC not in await cluster.topics([DEFAULT_TOPIC]):
         return None
     copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierproxy-status-")))
-    source = Path(config["remote.log.metadata.dir"])
+    source = Path(config[REMOTE_LOG_METADATA_DIR])
     if source.is_dir():
         for path in [source / COMMITTED_OFFSETS_FILE, *sorted(source.glob(f"*{FLAT_FILE_SUFFIX}"))]:
             if path.is_file():

@@ -14,10 +14,10 @@ import sys
 
 from aiokafka.errors import KafkaError
 
-from client.cluster import check_login
-from client.connection import AuthenticationError
-from config import ConfigError, load
-from storage.errors import RemoteLogMetadataError
+from tierproxy.client.cluster import check_login
+from tierproxy.client.connection import AuthenticationError
+from tierproxy.config import ConfigError, load, REMOTE_LOG_MANAGER_TASK_INTERVAL_MS
+from tierproxy.storage.errors import RemoteLogMetadataError
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load(args.config, args.override)
         if args.every is not None:
-            interval_ms = parse_interval_ms(args.every) if args.every else config["remote.log.manager.task.interval.ms"]
+            interval_ms = parse_interval_ms(args.every) if args.every else config[REMOTE_LOG_MANAGER_TASK_INTERVAL_MS]
         # Certificate files, credentials and the login itself are checked before Spark starts.
         asyncio.run(check_login(config))
     except ConfigError as e:
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
 
-    from pipeline.spark import spark_session
-    from pipeline.tier import PipelineBusy, run_every, run_pass
+    from tierproxy.pipeline.spark import spark_session
+    from tierproxy.pipeline.tier import PipelineBusy, run_every, run_pass
 
     spark = spark_session(config)
     try:

@@ -33,15 +33,15 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from protocol.codecs import decode_request
-from protocol.errors import DecodeError
+from tierproxy.protocol.codecs import decode_request
+from tierproxy.protocol.errors import DecodeError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from protocol.headers import RequestHeader
-    from config import Config
-    from proxy.metrics import ProxyMetrics
+    from tierproxy.protocol.headers import RequestHeader
+    from tierproxy.config import Config
+    from tierproxy.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from kio.static.primitive import i32
 
-from protocol.apis import ApiKey
-from protocol.codecs import INTERCEPTED, decode_response, kio_versions, response_schema
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response, kio_versions, response_schema
 
 from . import ConnectionContext, Forward, Interceptor, Response
 
 if TYPE_CHECKING:
-    from protocol.headers import RequestHeader
+    from tierproxy.protocol.headers import RequestHeader
 
 __all__ = ("AddressRewriter", "address_rewriters", "rewrite_node_endpoints")
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from kio.static.primitive import i16
 
-from protocol.apis import ApiKey
-from protocol.codecs import INTERCEPTED, decode_response
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response
 
 from . import ConnectionContext, Forward, Interceptor, Response
 
 if TYPE_CHECKING:
-    from protocol.headers import RequestHeader
+    from tierproxy.protocol.headers import RequestHeader
 
 __all__ = ("ApiVersionsInterceptor", "BROKER_VERSIONS_KEY")
 

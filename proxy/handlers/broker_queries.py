@@ -18,10 +18,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from protocol.apis import ErrorCode, OffsetSpec
-from protocol.codecs import decode_response, encode_request
-from protocol.requests import READ_COMMITTED, fetch_request, list_offsets_request, metadata_request
-from protocol.headers import RequestHeader
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.codecs import decode_response, encode_request
+from tierproxy.protocol.requests import READ_COMMITTED, fetch_request, list_offsets_request, metadata_request
+from tierproxy.protocol.headers import RequestHeader
 
 from ..metrics import api_name
 from ..remote_metrics import RemoteMetrics

@@ -52,12 +52,12 @@ from typing import Any
 
 from kio.static.primitive import i32, i32Timedelta
 
-from protocol.apis import ApiKey, ErrorCode
-from protocol.errors import DecodeError
-from protocol.codecs import INTERCEPTED, decode_response, encode_request, encode_response
-from protocol.headers import RequestHeader, parse_response_header, response_header_version
-from storage.errors import MetadataNotReady
-from storage.model import TopicIdPartition
+from tierproxy.protocol.apis import ApiKey, ErrorCode
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, encode_response
+from tierproxy.protocol.headers import RequestHeader, parse_response_header, response_header_version
+from tierproxy.storage.errors import MetadataNotReady
+from tierproxy.storage.model import TopicIdPartition
 
 from ..reader_pool import ReadOutcome
 from ..remote_read import RemoteReadResult
@@ -74,6 +74,7 @@ from .fetch_wire import (
     request_session,
     scan_fetch_response,
 )
+from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 
 log = logging.getLogger("tierproxy.fetch")
 
@@ -104,7 +105,7 @@ class FetchInterceptor(Interceptor):
 
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
-        self.remote_max_bytes: int = tier.config["remote.fetch.max.bytes"]
+        self.remote_max_bytes: int = tier.config[REMOTE_FETCH_MAX_BYTES]
 
     async def start(self) -> None:
         await self.tier.start()

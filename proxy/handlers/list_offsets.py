@@ -25,12 +25,12 @@ from typing import Any
 
 from kio.static.primitive import i32, i64
 
-from protocol.apis import ApiKey, ErrorCode, OffsetSpec
-from protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity
-from protocol.codecs import request_schema, response_schema
-from protocol.headers import RequestHeader
-from storage.errors import MetadataNotReady, RemoteStorageError
-from storage.model import TopicIdPartition
+from tierproxy.protocol.apis import ApiKey, ErrorCode, OffsetSpec
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity
+from tierproxy.protocol.codecs import request_schema, response_schema
+from tierproxy.protocol.headers import RequestHeader
+from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
+from tierproxy.storage.model import TopicIdPartition
 
 from ..tiered import RemoteTier
 from . import ConnectionContext, Forward, Interceptor, Response, decode_client_request

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from protocol.errors import DecodeError
-from protocol.records import LOG_OVERHEAD, BatchHeader, crc_valid, read_batch_header
-from storage.model import LogSegmentData
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import LOG_OVERHEAD, BatchHeader, crc_valid, read_batch_header
+from tierproxy.storage.model import LogSegmentData
 
 from . import CorruptLogError
 from .leader_epoch import EpochEntry, LeaderEpochCheckpoint, assign, epochs_in_range

@@ -36,8 +36,8 @@ from typing import Iterable, Mapping, NamedTuple
 
 import crc32c
 
-from protocol.errors import DecodeError
-from protocol.records import BatchHeader, ControlType, read_end_txn_marker
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import BatchHeader, ControlType, read_end_txn_marker
 
 from . import CorruptIndexError, CorruptLogError
 from .transaction_index import AbortedTxn

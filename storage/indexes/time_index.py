@@ -26,8 +26,8 @@ from __future__ import annotations
 import struct
 from typing import Iterable, NamedTuple
 
-from protocol.errors import DecodeError
-from protocol.records import BatchHeader, iter_batches
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import BatchHeader, iter_batches
 
 from . import CorruptIndexError, CorruptLogError
 from .offset_index import EntryIndex, OffsetIndex

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.records import ControlType, iter_batches
-from storage.indexes import build_segment_indexes, write_indexes
-from storage.indexes.producer_snapshot import ProducerState
-from storage.local import LocalRemoteStorageManager
-from storage.metadata import RemoteLogMetadataManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.model import (
+from tierproxy.protocol.records import ControlType, iter_batches
+from tierproxy.storage.indexes import build_segment_indexes, write_indexes
+from tierproxy.storage.indexes.producer_snapshot import ProducerState
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.model import (
     LogSegmentData,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -30,7 +30,7 @@ from storage.model import (
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 from tests.helpers.batches import batch, control_batch
 
 

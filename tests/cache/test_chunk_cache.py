@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.chunk_cache import ChunkCache
-from proxy.remote_metrics import RemoteMetrics
-from storage.errors import RemoteStorageError
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.storage.errors import RemoteStorageError
 
 from .remote_log import CountingRSM, build_partition, local_remote_log
 

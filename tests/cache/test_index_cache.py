@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cache.index_cache import ENTRY_OVERHEAD_BYTES, TEMP_FILE_AGE_S, RemoteIndexCache, prune_index_directory
-from proxy.remote_metrics import RemoteMetrics
-from storage.errors import RemoteStorageError
-from storage.indexes import OffsetIndex, TimeIndex, TransactionIndex
-from storage.model import IndexType
-from storage.rsm import ObjectType
+from tierproxy.cache.index_cache import ENTRY_OVERHEAD_BYTES, TEMP_FILE_AGE_S, RemoteIndexCache, prune_index_directory
+from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.indexes import OffsetIndex, TimeIndex, TransactionIndex
+from tierproxy.storage.model import IndexType
+from tierproxy.storage.rsm import ObjectType
 
 from .remote_log import CountingRSM, Partition, build_partition, local_remote_log
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from client.cluster import READ_COMMITTED, Cluster, ClusterError
-from protocol.apis import ErrorCode, OffsetSpec
-from protocol.records import iter_batches
+from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
 
 
 async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
@@ -47,10 +47,10 @@ async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
 
 
 async def test_every_connection_negotiates_versions_and_refuses_what_the_broker_does_not_accept(kafka_cluster):
-    from client.connection import KafkaConnection, UnsupportedVersionError
-    from config.addresses import parse_host_port
-    from protocol.apis import ApiKey
-    from protocol.requests import delete_records_request, metadata_request
+    from tierproxy.client.connection import KafkaConnection, UnsupportedVersionError
+    from tierproxy.config.addresses import parse_host_port
+    from tierproxy.protocol.apis import ApiKey
+    from tierproxy.protocol.requests import delete_records_request, metadata_request
 
     host, port = parse_host_port(kafka_cluster.bootstrap_servers.split(",")[0])
     async with await KafkaConnection.open(host, int(port)) as connection:

@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from client.sasl import Credentials, Plain, SaslError, Scram, mechanism
+from tierproxy.client.sasl import Credentials, Plain, SaslError, Scram, mechanism
 
 
 def test_plain_message_is_authzid_user_password():

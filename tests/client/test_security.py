@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
-from client.security import aiokafka_options, librdkafka_options, parse_jaas, security, ssl_context
-from config import ConfigError, effective, parse
+from tierproxy.client.security import aiokafka_options, librdkafka_options, parse_jaas, security, ssl_context
+from tierproxy.config import ConfigError, effective, parse
 
 SECRET = "Sup3r-s3cret"
 JAAS_SCRAM = ('org.apache.kafka.common.security.scram.ScramLoginModule required '

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.addresses import parse_host_port
+from tierproxy.config.addresses import parse_host_port
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from config import KEYS, MIB, TOPIC_KEYS, ConfigError, load, parse
+from tierproxy.config import KEYS, MIB, TOPIC_KEYS, ConfigError, load, parse
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092"}
 
@@ -85,3 +85,26 @@ def test_raw_round_trips():
 def test_every_key_is_documented():
     for key in [*KEYS.values(), *TOPIC_KEYS.values()]:
         assert key.doc.endswith("."), key.name
+
+
+def test_the_code_reads_configuration_through_typed_keys():
+    """Every key is a constant of tierproxy.config (a ConfigKey, typed by its value), and the
+    packages look values up with those constants, never with a string literal."""
+    import pathlib
+    import re
+
+    import tierproxy.config as config_module
+    from tierproxy.config import KEYS, ConfigKey
+
+    constants = {v.name: v for v in vars(config_module).values() if isinstance(v, ConfigKey)}
+    assert set(KEYS) <= set(constants)
+    root = pathlib.Path(config_module.__file__).resolve().parents[1]
+    literal = re.compile(r'config\[\s*["\']')
+    offenders = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("tierproxy", "protocol", "config", "client", "storage", "cache", "proxy", "pipeline")
+        for path in (root / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
+    assert not offenders, offenders

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tierproxy.cli import main
-from config import KEYS, TOPIC_KEYS
+from tierproxy.config import KEYS, TOPIC_KEYS
 from tierproxy.config_check import REGENERATE, generate_docs
 
 ROOT = Path(__file__).resolve().parents[2]

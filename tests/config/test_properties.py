@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError
-from config.properties import read_properties
+from tierproxy.config import ConfigError
+from tierproxy.config.properties import read_properties
 
 
 def test_keys_and_values_as_written(tmp_path: Path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.tables import text_table
+from tierproxy.config.tables import text_table
 
 
 def test_columns_as_wide_as_their_widest_cell_two_spaces_apart():

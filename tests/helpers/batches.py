@@ -10,7 +10,7 @@ from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from protocol.records import ControlType
+from tierproxy.protocol.records import ControlType
 
 _EPOCH = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
 

@@ -120,8 +120,8 @@ async def produce_mixed(
 async def wait_for_markers(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
     """Until every partition's last stable offset reached its end: a producer's
     commit/abort returns before the coordinator has written the markers."""
-    from client.cluster import READ_COMMITTED, Cluster
-    from protocol.apis import OffsetSpec
+    from tierproxy.client.cluster import READ_COMMITTED, Cluster
+    from tierproxy.protocol.apis import OffsetSpec
 
     deadline = time.monotonic() + timeout
     async with Cluster(bootstrap.split(",")) as cluster:

@@ -14,22 +14,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from protocol.apis import ErrorCode, OffsetSpec
-from protocol.records import iter_batches
-from protocol.requests import fetch_request, list_offsets_request, metadata_request
-from client.connection import KafkaConnection
-from config.addresses import parse_host_port
-from storage.indexes import build_segment_indexes, segment_file_name, write_indexes
-from storage.indexes.producer_snapshot import ProducerState
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import (
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
+from tierproxy.protocol.requests import fetch_request, list_offsets_request, metadata_request
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.storage.indexes import build_segment_indexes, segment_file_name, write_indexes
+from tierproxy.storage.indexes.producer_snapshot import ProducerState
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
 FETCH_MAX_BYTES = 1 << 20
 

@@ -1,4 +1,4 @@
-"""`pip install tierproxy` is the proxy: no Spark, pandas, Arrow or librdkafka.
+"""`pip install kafka-tierproxy` is the proxy: no Spark, pandas, Arrow or librdkafka.
 
 The extras of pyproject.toml bring the rest: `[pipeline]` for `tierproxy tier`,
 `[loadtest]` for `tierproxy loadtest`, `[test]` for everything the tests need. Without
@@ -29,7 +29,7 @@ PROJECT = PYPROJECT["project"]
 NOT_IN_CORE = {"pyspark", "pandas", "pyarrow", "confluent-kafka"}
 BLOCKED_MODULES = ("pyspark", "py4j", "pandas", "pyarrow", "confluent_kafka")
 # The proxy's layers (every module) and the commands the proxy image runs.
-CORE_PACKAGES = ("protocol", "config", "client", "storage", "cache", "proxy")
+CORE_PACKAGES = ("protocol", "config", "client", "storage", "cache", "proxy")  # folders; tierproxy.<folder>
 CORE_COMMANDS = ("tierproxy", "tierproxy.cli", "tierproxy.serve", "tierproxy.status", "tierproxy.config_check")
 
 
@@ -67,7 +67,7 @@ def test_the_core_dependencies_are_the_proxys_only():
 
 def test_the_installed_metadata_has_the_same_core():
     """What pip actually resolved for this (editable) install, not just the file."""
-    installed = requires("tierproxy") or []
+    installed = requires("kafka-tierproxy") or []
     core = {_name(r) for r in installed if "extra ==" not in r.replace("extra==", "extra ==")}
     assert core == {_name(r) for r in PROJECT["dependencies"]}
 
@@ -78,7 +78,7 @@ def test_the_extras():
     assert any(_name(r) == "pandas" and "<3" in r for r in PROJECT["optional-dependencies"]["pipeline"])
     assert "confluent-kafka" in extras["loadtest"]
     # [test] is everything: both extras by self-reference, and the compose schema check.
-    (itself,) = [r for r in PROJECT["optional-dependencies"]["test"] if _name(r) == "tierproxy"]
+    (itself,) = [r for r in PROJECT["optional-dependencies"]["test"] if _name(r) == "kafka-tierproxy"]
     assert _extras_of(itself) == {"pipeline", "loadtest"}
     assert "check-jsonschema" in extras["test"]
 
@@ -107,7 +107,7 @@ def test_every_module_of_the_proxy_imports_without_the_extras(tmp_path):
                 imported.append(name)
             except BaseException:
                 failed[name] = traceback.format_exc(limit=-3)
-        for package in {CORE_PACKAGES!r}:
+        for package in ["tierproxy." + p for p in {CORE_PACKAGES!r}]:
             attempt(package)
             module = sys.modules.get(package)
             for info in pkgutil.walk_packages(module.__path__, package + ".", onerror=attempt):
@@ -120,7 +120,7 @@ def test_every_module_of_the_proxy_imports_without_the_extras(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert not report["failed"], "\n".join(f"{name}:\n{error}" for name, error in report["failed"].items())
     # Every module of the layers' files was really walked, not just the packages.
-    on_disk = {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    on_disk = {"tierproxy." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                for package in CORE_PACKAGES for path in (ROOT / package).rglob("*.py")}
     assert on_disk | set(CORE_COMMANDS) == set(report["imported"])
 
@@ -140,7 +140,7 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path, argv, extra
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"tierproxy {argv[0]}: ")
-    assert f"pip install 'tierproxy[{extra}]'" in lines[0]
+    assert f"pip install 'kafka-tierproxy[{extra}]'" in lines[0]
     assert result.stdout == ""
 
 
@@ -152,4 +152,4 @@ def test_the_installed_command_without_pyspark(tmp_path):
         runpy.run_module("tierproxy", run_name="__main__")
     """, tmp_path)
     assert result.returncode == 1
-    assert result.stderr.strip() == "tierproxy tier: pyspark is not installed: pip install 'tierproxy[pipeline]'"
+    assert result.stderr.strip() == "tierproxy tier: pyspark is not installed: pip install 'kafka-tierproxy[pipeline]'"

@@ -1,4 +1,5 @@
-"""The top-level folders are the importable packages, and they come from this repository."""
+"""The packages import from this repository's folders, under `tierproxy.`; testbed/ is the
+checkout's own (it is not installed) and resolves from the repository root."""
 
 import importlib
 import pathlib
@@ -8,23 +9,34 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ["tierproxy", "config", "client", "proxy", "protocol", "storage", "cache", "pipeline", "testbed"]
+# module -> the folder it comes from
+PACKAGES = {
+    "tierproxy": "tierproxy",
+    **{f"tierproxy.{folder}": folder
+       for folder in ("config", "client", "proxy", "protocol", "storage", "cache", "pipeline")},
+}
 
 
-@pytest.mark.parametrize("name", PACKAGES)
+@pytest.mark.parametrize("name", sorted(PACKAGES))
 def test_package_resolves_to_this_repository(name):
     module = importlib.import_module(name)
-    assert pathlib.Path(module.__file__).resolve().parent == REPO / name
+    assert pathlib.Path(module.__file__).resolve().parent == REPO / PACKAGES[name]
 
 
-@pytest.mark.parametrize("name", PACKAGES)
+@pytest.mark.parametrize("name", sorted(PACKAGES))
 def test_package_resolves_from_another_directory(name, tmp_path):
     """Installed (editable) resolution, not just the test runner's sys.path."""
     out = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout.strip()
-    assert pathlib.Path(out).resolve().parent == REPO / name
+    assert pathlib.Path(out).resolve().parent == REPO / PACKAGES[name]
+
+
+def test_testbed_runs_from_the_checkout():
+    out = subprocess.run([sys.executable, "-c", "import testbed; print(testbed.__file__)"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    assert pathlib.Path(out).resolve().parent == REPO / "testbed"
 
 
 def test_console_script_is_installed():

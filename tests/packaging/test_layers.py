@@ -6,6 +6,7 @@
     proxy | pipeline              the two services (neither imports the other)
     tierproxy                     the command
 
+Installed, each folder is `tierproxy.<folder>` (the command is `tierproxy` itself).
 testbed (real Kafka and S3 for tests, benchmarks and the demo) sits beside the stack
 and may run the command; no package of the stack imports it. Every module's imports
 are read from its source, including those inside functions, so a lazy import cannot
@@ -34,20 +35,38 @@ MAY_IMPORT: dict[str, set[str]] = {
 OURS = set(MAY_IMPORT)
 
 
+def layer_of(module: str) -> str | None:
+    """The layer of an absolute module name: `tierproxy.proxy.server` is proxy,
+    `tierproxy.cli` the command, `testbed.kafka` testbed; None for others' modules."""
+    parts = module.split(".")
+    if parts[0] == "testbed":
+        return "testbed"
+    if parts[0] != "tierproxy":
+        return None
+    if len(parts) > 1 and parts[1] in OURS:
+        return parts[1]
+    return "tierproxy"
+
+
 def imported_packages(source: pathlib.Path, package: str) -> set[tuple[str, int]]:
-    """(top-level package of ours, line) for every import in the file."""
+    """(layer of ours, line) for every import in the file."""
     found = set()
     for node in ast.walk(ast.parse(source.read_text(), str(source))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            names = [package if node.level else (node.module or "")]
+            if node.level:
+                names = []  # relative: within its own package
+            else:
+                module = node.module or ""
+                # `from tierproxy import proxy` names the subpackage
+                names = [f"{module}.{alias.name}" if module == "tierproxy" else module for alias in node.names]
         else:
             continue
         for name in names:
-            top = name.split(".")[0]
-            if top in OURS:
-                found.add((top, node.lineno))
+            layer = layer_of(name)
+            if layer is not None and layer != package:
+                found.add((layer, node.lineno))
     return found
 
 
@@ -72,5 +91,6 @@ def test_imports_go_only_downwards(package):
 def test_the_check_sees_an_upward_import(tmp_path):
     """The check is not vacuous: a storage module importing proxy is caught."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from proxy.server import ProxyServer\n")
-    assert imported_packages(bad, "storage") == {("proxy", 2)}
+    bad.write_text("def f():\n    from tierproxy.proxy.server import ProxyServer\n"
+                   "import tierproxy.cli\nfrom tierproxy import pipeline\n")
+    assert imported_packages(bad, "storage") == {("proxy", 2), ("tierproxy", 3), ("pipeline", 4)}

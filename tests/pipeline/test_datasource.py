@@ -18,7 +18,7 @@ import javaproperties
 import pyarrow as pa
 import pytest
 
-from pipeline.datasource import (
+from tierproxy.pipeline.datasource import (
     EARLIEST,
     LATEST,
     NAME,
@@ -31,13 +31,13 @@ from pipeline.datasource import (
     read_slice,
     register,
 )
-from protocol.records import ControlType
-from config import ConfigError, parse
-from client.connection import KafkaConnection
-from storage.factory import remote_storage_manager
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.model import (
+from tierproxy.protocol.records import ControlType
+from tierproxy.config import ConfigError, parse
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -364,7 +364,7 @@ def test_read_committed_stops_before_a_transaction_still_open(tmp_path):
 async def test_metadata_in_the_topic_backend(kafka_cluster, topic, tmp_path):
     """Planning with remote.log.metadata.backend=topic: the reader waits until the metadata of
     the topic's partitions is read back from __remote_log_metadata."""
-    from storage.metadata.topic_store import TopicRemoteLogMetadataManager
+    from tierproxy.storage.metadata.topic_store import TopicRemoteLogMetadataManager
 
     name = topic(partitions=1)
     _, host, port = kafka_cluster.brokers[0]

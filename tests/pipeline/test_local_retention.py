@@ -14,20 +14,20 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from client.cluster import Cluster
-from pipeline.local_retention import LocalRetentionLimits, local_trim
-from pipeline.retention import run_retention
-from protocol.apis import ErrorCode, OffsetSpec
-from config import Config, parse
-from storage.factory import remote_log_metadata_manager, remote_storage_manager
-from storage.metadata import RemoteLogMetadataManager
-from storage.model import (
+from tierproxy.client.cluster import Cluster
+from tierproxy.pipeline.local_retention import LocalRetentionLimits, local_trim
+from tierproxy.pipeline.retention import run_retention
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.config import Config, parse
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 from tests.helpers.remote_tier import tier_from_broker
 
 GROUPS = 6

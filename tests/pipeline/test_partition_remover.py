@@ -6,11 +6,11 @@ import asyncio
 import dataclasses
 import time
 
-from client.cluster import Cluster
-from pipeline.partition_remover import STATE_FILE_NAME, last_run_ms
-from pipeline.retention import run_retention
-from storage.indexes import write_segment_files
-from storage.model import (
+from tierproxy.client.cluster import Cluster
+from tierproxy.pipeline.partition_remover import STATE_FILE_NAME, last_run_ms
+from tierproxy.pipeline.retention import run_retention
+from tierproxy.storage.indexes import write_segment_files
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,

@@ -13,9 +13,9 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.records import XERIAL_MAGIC, Record, RecordDecodeError, batch_records, decompress
-from protocol.errors import DecodeError
-from protocol.records import (
+from tierproxy.pipeline.records import XERIAL_MAGIC, Record, RecordDecodeError, batch_records, decompress
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
     HEADER_SIZE,

@@ -6,19 +6,19 @@ import time
 import uuid
 from pathlib import Path
 
-from client.cluster import Cluster
-from pipeline.remote_retention import expired_segments
-from pipeline.retention import REMOTE_RETENTION, run_retention
-from storage.errors import RemoteStorageError
-from storage.metadata.file_store import FileRemoteLogMetadataManager, scan_entries
-from storage.model import (
+from tierproxy.client.cluster import Cluster
+from tierproxy.pipeline.remote_retention import expired_segments
+from tierproxy.pipeline.retention import REMOTE_RETENTION, run_retention
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager, scan_entries
+from tierproxy.storage.model import (
     LogSegmentData,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import RemoteStorageManager, kafka_uuid
+from tierproxy.storage.rsm import RemoteStorageManager, kafka_uuid
 
 from .test_local_retention import broker_log_start, produce_groups, retention_config, stores, tier
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from client.cluster import READ_COMMITTED, Cluster
-from pipeline.copy import metadata_manager
-from pipeline.tier import PassReport, run_pass
-from protocol.apis import ErrorCode, OffsetSpec
-from protocol.records import iter_batches
-from config import Config, parse
-from storage.factory import remote_storage_manager
-from storage.indexes import TransactionIndex
-from storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from storage.rsm import RemoteStorageManager
+from tierproxy.client.cluster import READ_COMMITTED, Cluster
+from tierproxy.pipeline.copy import metadata_manager
+from tierproxy.pipeline.tier import PassReport, run_pass
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
+from tierproxy.config import Config, parse
+from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.indexes import TransactionIndex
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
 from tests.helpers.produce import produce_codecs, produce_mixed
 
 S = RemoteLogSegmentState
@@ -217,8 +217,8 @@ async def test_tier_to_s3_ships_the_tail_once_it_is_older_than_segment_ms(
 
 def test_intervals_and_retry_backoff():
     from tierproxy.tier import parse_interval_ms
-    from config import ConfigError
-    from storage.backoff import ExponentialBackoff
+    from tierproxy.config import ConfigError
+    from tierproxy.storage.backoff import ExponentialBackoff
 
     assert [parse_interval_ms(t) for t in ("30s", "5m", "1h", "250ms", "1500")] == [30_000, 300_000, 3_600_000,
                                                                                   250, 1500]
@@ -240,7 +240,7 @@ def test_one_pass_at_a_time_and_the_loop_retries_a_failed_pass(tmp_path, kafka_c
     import threading
 
     from testbed.ports import free_port
-    from pipeline.tier import PipelineBusy, pipeline_lock, run_every
+    from tierproxy.pipeline.tier import PipelineBusy, pipeline_lock, run_every
 
     # No tiered topic in the cluster: a pass has nothing to copy and needs no Spark.
     config = tier_config(tmp_path, kafka_cluster.bootstrap_servers, "no-such-topic")

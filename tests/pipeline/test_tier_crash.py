@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from client.cluster import Cluster
-from pipeline.copy import InjectedFailure, metadata_manager, run_copy
-from pipeline.plan import plan_pass
-from pipeline.tier import run_pass
-from config import Config
-from storage.factory import remote_storage_manager
-from storage.metadata.file_store import LOG_FILE_NAME, scan_entries
-from storage.model import (
+from tierproxy.client.cluster import Cluster
+from tierproxy.pipeline.copy import InjectedFailure, metadata_manager, run_copy
+from tierproxy.pipeline.plan import plan_pass
+from tierproxy.pipeline.tier import run_pass
+from tierproxy.config import Config
+from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.metadata.file_store import LOG_FILE_NAME, scan_entries
+from tierproxy.storage.model import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from storage.rsm import kafka_uuid
+from tierproxy.storage.rsm import kafka_uuid
 from tests.helpers.produce import produce_mixed
 from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 

@@ -22,9 +22,9 @@ from kio.schema.list_offsets.v7 import request as list_offsets7
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from protocol.codecs import encode_request
-from protocol.framing import FrameDecoder, encode_frame
-from protocol.headers import peek_request_header
+from tierproxy.protocol.codecs import encode_request
+from tierproxy.protocol.framing import FrameDecoder, encode_frame
+from tierproxy.protocol.headers import peek_request_header
 from testbed.kafka import KafkaCluster
 from tests.helpers.produce import produce_mixed
 

@@ -14,10 +14,10 @@ from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.list_offsets.v7 import request as list_offsets7
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8, i32, i32Timedelta, i64
-from protocol.apis import ApiKey, ErrorCode, OffsetSpec
-from protocol.codecs import INTERCEPTED, request_schema
-from protocol.records import Compression, ControlType, control_type, iter_batches
-from client.connection import KafkaConnection
+from tierproxy.protocol.apis import ApiKey, ErrorCode, OffsetSpec
+from tierproxy.protocol.codecs import INTERCEPTED, request_schema
+from tierproxy.protocol.records import Compression, ControlType, control_type, iter_batches
+from tierproxy.client.connection import KafkaConnection
 from tests.helpers.produce import produce_mixed
 
 PARTITIONS = 3

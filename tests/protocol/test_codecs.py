@@ -16,21 +16,21 @@ from kio.schema.index import schema_name_map
 from kio.serial import entity_writer
 from kio.static.primitive import Records
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.errors import FrameError
-from protocol.errors import ProtocolError
-from protocol.codecs import INTERCEPTED
-from protocol.codecs import decode_request
-from protocol.codecs import decode_request_frame
-from protocol.codecs import decode_response
-from protocol.codecs import decode_response_frame
-from protocol.codecs import encode_request
-from protocol.codecs import encode_response
-from protocol.codecs import request_schema
-from protocol.codecs import response_schema
-from protocol.framing import encode_frame
-from protocol.headers import peek_request_header
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.errors import FrameError
+from tierproxy.protocol.errors import ProtocolError
+from tierproxy.protocol.codecs import INTERCEPTED
+from tierproxy.protocol.codecs import decode_request
+from tierproxy.protocol.codecs import decode_request_frame
+from tierproxy.protocol.codecs import decode_response
+from tierproxy.protocol.codecs import decode_response_frame
+from tierproxy.protocol.codecs import encode_request
+from tierproxy.protocol.codecs import encode_response
+from tierproxy.protocol.codecs import request_schema
+from tierproxy.protocol.codecs import response_schema
+from tierproxy.protocol.framing import encode_frame
+from tierproxy.protocol.headers import peek_request_header
 
 # kio's phantom types register Hypothesis strategies themselves; Records needs one.
 st.register_type_strategy(Records, st.binary(max_size=200).map(Records))
@@ -150,7 +150,7 @@ def test_frames_from_the_decoder_decode_without_a_copy():
     from kio.schema.errors import ErrorCode
     from kio.schema.api_versions.v3.response import ApiVersionsResponse
 
-    from protocol.framing import FrameDecoder
+    from tierproxy.protocol.framing import FrameDecoder
 
     response = ApiVersionsResponse(error_code=ErrorCode.none, api_keys=(), throttle_time=datetime.timedelta(0))
     (body,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_frame(encode_response(response, 5))))

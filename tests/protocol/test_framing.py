@@ -8,11 +8,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from protocol.errors import FrameError
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-from protocol.framing import FrameDecoder
-from protocol.framing import encode_frame
-from protocol.framing import split_frames
+from tierproxy.protocol.errors import FrameError
+from tierproxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from tierproxy.protocol.framing import FrameDecoder
+from tierproxy.protocol.framing import encode_frame
+from tierproxy.protocol.framing import split_frames
 
 
 def frame(body: bytes) -> bytes:

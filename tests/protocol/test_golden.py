@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.apis import ApiKey, ErrorCode
-from protocol.codecs import decode_request_frame, decode_response_frame
-from protocol.records import ControlType, control_type, iter_batches
+from tierproxy.protocol.apis import ApiKey, ErrorCode
+from tierproxy.protocol.codecs import decode_request_frame, decode_response_frame
+from tierproxy.protocol.records import ControlType, control_type, iter_batches
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 INDEX = json.loads((GOLDEN / "index.json").read_text())

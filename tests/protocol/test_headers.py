@@ -14,14 +14,14 @@ from kio.schema.request_header.v1.header import RequestHeader as KioHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
 from kio.serial import entity_writer
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.headers import encode_request_header
-from protocol.headers import encode_response_header
-from protocol.headers import parse_response_header
-from protocol.headers import peek_request_header
-from protocol.headers import request_header_version
-from protocol.headers import response_header_version
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.headers import encode_request_header
+from tierproxy.protocol.headers import encode_response_header
+from tierproxy.protocol.headers import parse_response_header
+from tierproxy.protocol.headers import peek_request_header
+from tierproxy.protocol.headers import request_header_version
+from tierproxy.protocol.headers import response_header_version
 
 KNOWN = [(key, v) for key, name in api_key_map.items() for v in schema_name_map[name]]
 int16 = st.integers(-(2**15), 2**15 - 1)

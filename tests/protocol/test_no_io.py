@@ -6,7 +6,7 @@ import pathlib
 import subprocess
 import sys
 
-import protocol
+from tierproxy import protocol
 
 # Never loaded at all by importing protocol.
 HEAVY = ("aiobotocore", "aiokafka", "boto3", "botocore", "pyspark", "uvloop")
@@ -25,8 +25,8 @@ def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
     return real_import(name, globals, locals, fromlist, level)
 builtins.__import__ = recording_import
 sys.modules["hypothesis"] = None  # a test dependency kio picks up when present
-import protocol
-names = [m.name for m in pkgutil.walk_packages(protocol.__path__, "protocol.")]
+from tierproxy import protocol
+names = [m.name for m in pkgutil.walk_packages(protocol.__path__, "tierproxy.protocol.")]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({
@@ -42,10 +42,10 @@ def test_importing_protocol_loads_no_io_packages():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
-    assert {"protocol.framing", "protocol.headers", "protocol.codecs", "protocol.apis"} <= set(report["modules"])
+    assert {"tierproxy.protocol.framing", "tierproxy.protocol.headers", "tierproxy.protocol.codecs", "tierproxy.protocol.apis"} <= set(report["modules"])
     assert report["loaded"] == []
     for package, importers in report["importers"].items():
-        assert all(not name.startswith("protocol") for name in importers), (package, importers)
+        assert all(not name.startswith("tierproxy.protocol") for name in importers), (package, importers)
     assert set(report["importers"]) <= {"asyncio", "selectors", "socket", "ssl"}
     assert report["importers"].get("asyncio", ["kio.serial.writers"]) == ["kio.serial.writers"]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import DecodeError
-from protocol.records import (
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.records import (
     CRC_OFFSET,
     HEADER_SIZE,
     Compression,

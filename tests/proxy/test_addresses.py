@@ -21,14 +21,14 @@ from kio.schema.find_coordinator.v6.request import FindCoordinatorRequest as Fin
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8
 
-from protocol.apis import ApiKey
-from protocol.codecs import INTERCEPTED, decode_response
-from protocol.framing import FrameDecoder, encode_frame
-from protocol.headers import encode_request_header, parse_response_header
-from client.connection import KafkaConnection
-from proxy.metrics import ProxyMetrics
-from proxy.serve import build_interceptors
-from config.addresses import parse_host_port
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response
+from tierproxy.protocol.framing import FrameDecoder, encode_frame
+from tierproxy.protocol.headers import encode_request_header, parse_response_header
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.proxy.metrics import ProxyMetrics
+from tierproxy.proxy.serve import build_interceptors
+from tierproxy.config.addresses import parse_host_port
 from tests.proxy.test_passthrough import (
     ProxyThread,
     confluent_key,

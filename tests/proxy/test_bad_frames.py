@@ -17,14 +17,14 @@ import uvloop
 
 from kio.schema.metadata.v12.request import MetadataRequest
 
-from protocol.apis import ApiKey
-from protocol.framing import encode_frame
-from protocol.headers import encode_request_header
-from client.connection import KafkaConnection
-from proxy.metrics import ProxyMetrics
-from config.addresses import parse_host_port
-from proxy.server import ProxyServer
-from proxy.serve import build_interceptors
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.framing import encode_frame
+from tierproxy.protocol.headers import encode_request_header
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.proxy.metrics import ProxyMetrics
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.proxy.server import ProxyServer
+from tierproxy.proxy.serve import build_interceptors
 from testbed.ports import free_port
 from tests.proxy.test_passthrough import proxy_config
 
@@ -89,7 +89,7 @@ def test_bad_frame_closes_only_its_connection(run, case, bootstrap_servers, capl
                                                include_topic_authorized_operations=False))
             await _metadata_ok(server.bootstrap_servers)
 
-    with caplog.at_level(logging.WARNING, logger="proxy"):
+    with caplog.at_level(logging.WARNING, logger="tierproxy.proxy"):
         metrics = _with_proxy(run, bootstrap_servers, body, socket_request_max_bytes=MAX_REQUEST)
     lines = [r.getMessage() for r in caplog.records if peers[0] in r.getMessage()]
     assert lines and reason in lines[0], [r.getMessage() for r in caplog.records]
@@ -113,7 +113,7 @@ def test_truncated_frame_at_eof_is_logged(run, bootstrap_servers, caplog):
         writer.close()
         await _metadata_ok(server.bootstrap_servers)
 
-    with caplog.at_level(logging.WARNING, logger="proxy"):
+    with caplog.at_level(logging.WARNING, logger="tierproxy.proxy"):
         _with_proxy(run, bootstrap_servers, body)
     lines = [r.getMessage() for r in caplog.records if peers[0] in r.getMessage()]
     assert lines and "truncated frame" in lines[0], [r.getMessage() for r in caplog.records]
@@ -132,7 +132,7 @@ def test_unknown_api_key_is_forwarded_opaquely(run, bootstrap_servers, caplog):
         writer.close()
         await _metadata_ok(server.bootstrap_servers)
 
-    with caplog.at_level(logging.INFO, logger="proxy"):
+    with caplog.at_level(logging.INFO, logger="tierproxy.proxy"):
         metrics = _with_proxy(run, bootstrap_servers, body)
     assert metrics.value("tierproxy_requests_forwarded_total", {"api": "UNKNOWN_9999"}) == 1
     assert any("broker closed the connection" in r.getMessage() for r in caplog.records)
@@ -148,7 +148,7 @@ def test_unreachable_broker_closes_the_client_with_a_log_line(run, caplog):
         assert await _closed_by_proxy(reader)
         writer.close()
 
-    with caplog.at_level(logging.WARNING, logger="proxy"):
+    with caplog.at_level(logging.WARNING, logger="tierproxy.proxy"):
         metrics = _with_proxy(run, dead, body)
     assert any("cannot connect to the broker" in r.getMessage() and dead in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -11,10 +11,10 @@ from kio.schema.list_offsets.v7.response import (
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
-from protocol.codecs import encode_response
-from protocol.headers import parse_response_header, peek_request_header, response_header_version
-from protocol.requests import milliseconds
-from proxy.handlers.broker_queries import BrokerQueries, TierConnectionState
+from tierproxy.protocol.codecs import encode_response
+from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
+from tierproxy.protocol.requests import milliseconds
+from tierproxy.proxy.handlers.broker_queries import BrokerQueries, TierConnectionState
 
 
 def _answer(correlation_id: int) -> memoryview:

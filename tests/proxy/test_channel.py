@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
-from protocol.apis import ApiKey, OffsetSpec
-from protocol.codecs import decode_response_frame, encode_request
-from protocol.headers import encode_request_header
-from protocol.requests import list_offsets_request
+from tierproxy.protocol.apis import ApiKey, OffsetSpec
+from tierproxy.protocol.codecs import decode_response_frame, encode_request
+from tierproxy.protocol.headers import encode_request_header
+from tierproxy.protocol.requests import list_offsets_request
 from testbed.kafka import ADMIN_USER
 from testbed.raw import api_versions, closed_by_peer, frame, read_frames, sasl_handshake, sasl_plain
 from tests.helpers.batches import batch
@@ -30,7 +30,7 @@ def produce_request(topic: str, correlation_id: int) -> bytes:
     from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
     from kio.static.primitive import i16, i32
 
-    from protocol.requests import milliseconds
+    from tierproxy.protocol.requests import milliseconds
 
     request = ProduceRequest(transactional_id=None, acks=i16(1), timeout=milliseconds(10_000), topic_data=(
         TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=i32(0), records=batch(0)),)),))
@@ -83,7 +83,7 @@ def test_malformed_request_is_one_warning_per_connection(kafka_cluster, proxy, c
     # A Fetch v12 whose header is fine and whose body is garbage, 55 bytes in all.
     header = encode_request_header(ApiKey.FETCH, 12, 7, "bad", 2)
     body = header + b"\xff" * (55 - len(header))
-    with caplog.at_level(logging.DEBUG, logger="proxy"):
+    with caplog.at_level(logging.DEBUG, logger="tierproxy.proxy"):
         for _ in range(10):
             with socket.create_connection(address(proxy)) as sock:
                 sock.sendall(frame(body))
@@ -194,7 +194,7 @@ def sasl_proxy(secure_kafka) -> Iterator[ProxyThread]:
 
 
 def test_fetch_before_sasl_login_closes_the_connection_unanswered(secure_kafka, sasl_proxy):
-    from protocol.requests import fetch_request
+    from tierproxy.protocol.requests import fetch_request
 
     user, password = ADMIN_USER, secure_kafka.sasl_plain_users[ADMIN_USER]
     fetch = frame(encode_request(fetch_request("any", 0, 0, 1 << 20), 1, "channel-test"))

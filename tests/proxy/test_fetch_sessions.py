@@ -18,12 +18,12 @@ import pytest
 from kio.schema.fetch.v12 import request as fetch
 from kio.static.primitive import i8, i32, i64
 
-from client.connection import KafkaConnection
-from protocol.apis import ErrorCode
-from protocol.records import iter_batches
-from protocol.requests import milliseconds
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.protocol.apis import ErrorCode
+from tierproxy.protocol.records import iter_batches
+from tierproxy.protocol.requests import milliseconds
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, running_proxy
 from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
 
@@ -215,7 +215,7 @@ async def test_session_errors_from_the_broker_pass_through(proxy, tiered):
 
 
 async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monkeypatch):
-    import proxy.handlers.fetch as fetch_handler
+    import tierproxy.proxy.handlers.fetch as fetch_handler
 
     decoded = []
     original = fetch_handler.decode_client_request

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from kio.static.primitive import i32, i64
 
-from protocol.apis import ApiKey, ErrorCode
-from protocol.codecs import (
+from tierproxy.protocol.apis import ApiKey, ErrorCode
+from tierproxy.protocol.codecs import (
     INTERCEPTED,
     decode_response,
     encode_request,
@@ -22,9 +22,9 @@ from protocol.codecs import (
     request_schema,
     response_schema,
 )
-from protocol.errors import DecodeError
-from protocol.headers import parse_response_header, peek_request_header, response_header_version
-from proxy.handlers.fetch_wire import (
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
+from tierproxy.proxy.handlers.fetch_wire import (
     SESSIONLESS,
     RemotePartition,
     encode_fetch_response,

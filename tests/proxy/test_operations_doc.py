@@ -9,11 +9,11 @@ from pathlib import Path
 
 import javaproperties
 
-from client.security import parse_jaas
-from config import parse
+from tierproxy.client.security import parse_jaas
+from tierproxy.config import parse
 from tierproxy.cli import build_parser
-from proxy.metrics import ProxyMetrics
-from proxy.remote_metrics import RemoteMetrics
+from tierproxy.proxy.metrics import ProxyMetrics
+from tierproxy.proxy.remote_metrics import RemoteMetrics
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import uvloop
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder, encode_frame
-from protocol.headers import encode_request_header, peek_request_header
-from proxy.client_connection import produce_acks
-from proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
-from proxy.metrics import ProxyMetrics
-from proxy.ordering import ResponseOrderer
-from config.addresses import parse_host_port
-from proxy.server import ProxyServer
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.framing import FrameDecoder, encode_frame
+from tierproxy.protocol.headers import encode_request_header, peek_request_header
+from tierproxy.proxy.client_connection import produce_acks
+from tierproxy.proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
+from tierproxy.proxy.metrics import ProxyMetrics
+from tierproxy.proxy.ordering import ResponseOrderer
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.proxy.server import ProxyServer
 from tests.proxy.test_passthrough import proxy_config
 
 RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
@@ -209,6 +209,6 @@ def test_failing_interceptor_closes_only_its_connection(run, caplog):
             bad_writer.close()
             good_writer.close()
 
-    with caplog.at_level(logging.ERROR, logger="proxy"):
+    with caplog.at_level(logging.ERROR, logger="tierproxy.proxy"):
         _with_fake_broker(run, SlowListOffsets(fail=True), body)
     assert any("remote storage exploded" in r.getMessage() for r in caplog.records)

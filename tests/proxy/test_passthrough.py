@@ -33,12 +33,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, Producer
 
-from protocol.framing import FrameDecoder, encode_frame
-from config import Config, parse
-from proxy.metrics import ProxyMetrics
-from proxy.serve import build_interceptors
-from config.addresses import parse_host_port
-from proxy.server import ProxyServer
+from tierproxy.protocol.framing import FrameDecoder, encode_frame
+from tierproxy.config import Config, parse
+from tierproxy.proxy.metrics import ProxyMetrics
+from tierproxy.proxy.serve import build_interceptors
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.proxy.server import ProxyServer
 from testbed.ports import free_ports
 from tests.helpers.produce import ProducedRecord
 
@@ -260,7 +260,7 @@ async def test_forwarded_frames_are_byte_for_byte_the_brokers(kafka_cluster, pro
     from kio.schema.describe_configs.v4.request import DescribeConfigsRequest, DescribeConfigsResource
     from kio.static.primitive import i8
 
-    from protocol.codecs import encode_request
+    from tierproxy.protocol.codecs import encode_request
 
     name = topic()
     request = DescribeConfigsRequest(

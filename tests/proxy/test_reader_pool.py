@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from config import parse
-from proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
-from proxy.remote_metrics import RemoteMetrics
-from proxy.remote_read import RemoteReadEngine
-from storage.errors import RemoteStorageError
+from tierproxy.config import parse
+from tierproxy.proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.proxy.remote_read import RemoteReadEngine
+from tierproxy.storage.errors import RemoteStorageError
 from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log
 
 

@@ -11,17 +11,17 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from cache.chunk_cache import ChunkCache
-from cache.index_cache import RemoteIndexCache
-from proxy.reader_pool import RemoteLogReaderPool
-from proxy.remote_metrics import RemoteMetrics
-from proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
-from protocol.records import HEADER_SIZE, crc_valid, iter_batches
-from storage.errors import CorruptRemoteSegment, MetadataNotReady
-from storage.indexes.transaction_index import AbortedTxn
-from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.model import IndexType
-from storage.rsm import ObjectType
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.index_cache import RemoteIndexCache
+from tierproxy.proxy.reader_pool import RemoteLogReaderPool
+from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
+from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
+from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady
+from tierproxy.storage.indexes.transaction_index import AbortedTxn
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.model import IndexType
+from tierproxy.storage.rsm import ObjectType
 from tests.cache.remote_log import (
     BASE_TIMESTAMP_MS,
     CountingRSM,

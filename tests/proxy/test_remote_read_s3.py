@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.remote_metrics import RemoteMetrics
-from proxy.remote_read import IsolationLevel
-from storage.errors import RemoteStorageError
-from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.s3 import S3RemoteStorageManager
+from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.proxy.remote_read import IsolationLevel
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.s3 import S3Server
 from tests.cache.remote_log import build_partition
 

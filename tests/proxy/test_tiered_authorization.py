@@ -34,14 +34,14 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from proxy.handlers.broker_queries import OFFSETS_MAX_AGE_S
-from protocol.apis import ErrorCode, OffsetSpec
-from protocol.records import iter_batches
-from client.connection import KafkaConnection
-from config.addresses import parse_host_port
-from config.properties import read_properties
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.proxy.handlers.broker_queries import OFFSETS_MAX_AGE_S
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.config.properties import read_properties
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.kafka import KafkaCluster
 from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, consume_confluent, proxy_config
 from tests.proxy.tiered_helpers import (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, consume_confluent, proxy_config
 from tests.proxy.tiered_helpers import (
     TieredTopic,

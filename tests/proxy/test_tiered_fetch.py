@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from client.cluster import Cluster
-from protocol.records import iter_batches
-from client.connection import KafkaConnection
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
-from storage.model import TopicIdPartition
+from tierproxy.client.cluster import Cluster
+from tierproxy.protocol.records import iter_batches
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.model import TopicIdPartition
 from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed, wait_for_markers
 from tests.proxy.tiered_helpers import local_proxy_settings
 from tests.helpers.remote_tier import fetch_raw_log, latest_offset, tier_log, topic_id_of
@@ -198,8 +198,8 @@ async def _timed_fetches(proxy: ProxyThread, tiered: Tiered, count: int, *, max_
     `count` times in a row: (seconds, remote bytes answered) of each."""
     import dataclasses
 
-    from protocol.apis import OffsetSpec
-    from protocol.requests import fetch_request, list_offsets_request
+    from tierproxy.protocol.apis import OffsetSpec
+    from tierproxy.protocol.requests import fetch_request, list_offsets_request
 
     host, port = proxy.bootstrap_servers.rsplit(":", 1)
     async with await KafkaConnection.open(host, int(port)) as conn:

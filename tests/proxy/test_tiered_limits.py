@@ -22,7 +22,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import start_http_server
 
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.ports import LOOPBACK, free_port
 from testbed.s3 import S3Server
 from tests.proxy.test_passthrough import ProxyThread, proxy_config

@@ -21,11 +21,11 @@ from kio.schema.list_offsets.v8 import request as v8
 from kio.schema.list_offsets.v9 import request as v9
 from kio.static.primitive import i8, i32, i64
 
-from protocol.apis import ErrorCode, OffsetSpec
-from client.connection import KafkaConnection
-from config.addresses import parse_host_port
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, proxy_config
 from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
 

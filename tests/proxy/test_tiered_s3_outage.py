@@ -25,7 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import KafkaError
 
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.s3 import S3Server
 from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, proxy_config
 from tests.proxy.tiered_helpers import (

@@ -14,9 +14,9 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from client.cluster import Cluster
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.client.cluster import Cluster
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, proxy_config
 from tests.proxy.tiered_helpers import local_proxy_settings, produce_timed, tier_and_trim
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from config import load
-from proxy.workers import shares
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.config import load
+from tierproxy.proxy.workers import shares
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.ports import free_ports
 from tests.proxy.test_passthrough import free_port_block
 from tests.proxy.tiered_helpers import (

@@ -21,12 +21,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from client.cluster import Cluster, TopicInfo
-from protocol.apis import OffsetSpec
-from protocol.records import iter_batches
-from storage.model import LogSegmentData, RemoteLogSegmentMetadata, TopicIdPartition
-from storage.rsm import RemoteStorageManager
-from storage.s3 import S3RemoteStorageManager
+from tierproxy.client.cluster import Cluster, TopicInfo
+from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.protocol.records import iter_batches
+from tierproxy.storage.model import LogSegmentData, RemoteLogSegmentMetadata, TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.s3 import S3Server
 from tests.helpers.produce import ProducedRecord
 from tests.helpers.remote_tier import tier_log

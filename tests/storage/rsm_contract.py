@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
-from storage.manifest import BLOCK_BYTES
-from storage.model import (
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from tierproxy.storage.manifest import BLOCK_BYTES
+from tierproxy.storage.model import (
     IndexType,
     LogSegmentData,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     TopicIdPartition,
 )
-from storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
+from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
 
 LARGE_SEGMENT_BYTES = 12 * (1 << 20)  # above the multipart threshold backends use in these tests
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from config import parse
-from storage.backoff import ExponentialBackoff
+from tierproxy.config import parse
+from tierproxy.storage.backoff import ExponentialBackoff
 
 KAFKA_DEFAULTS = ExponentialBackoff(500, 30_000, 0.2)
 
@@ -62,7 +62,7 @@ def test_from_the_configuration() -> None:
 
 
 def test_a_read_deadline_bounds_retries_and_nests():
-    from storage.backoff import read_deadline, retry_fits
+    from tierproxy.storage.backoff import read_deadline, retry_fits
 
     assert retry_fits(3600)  # no fetch waiting: the retry budget is the attempts alone
     with read_deadline(0.5):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.files import TEMP_SUFFIX, atomic_write, fsync_directory, write_atomically
+from tierproxy.storage.files import TEMP_SUFFIX, atomic_write, fsync_directory, write_atomically
 
 
 def test_write_replaces_the_file_whole(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.records import ControlType, iter_batches
-from storage.indexes import (
+from tierproxy.protocol.records import ControlType, iter_batches
+from tierproxy.storage.indexes import (
     AbortedTxn,
     CorruptIndexError,
     CorruptLogError,
@@ -28,8 +28,8 @@ from storage.indexes import (
     segment_file_name,
     write_segment_files,
 )
-from storage.indexes.leader_epoch import assign
-from storage.indexes.producer_snapshot import java_hash_map_order
+from tierproxy.storage.indexes.leader_epoch import assign
+from tierproxy.storage.indexes.producer_snapshot import java_hash_map_order
 from tests.helpers.batches import batch, control_batch
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,8 +17,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from protocol.records import iter_batches
-from storage.indexes import (
+from tierproxy.protocol.records import iter_batches
+from tierproxy.storage.indexes import (
     LeaderEpochCheckpoint,
     OffsetIndex,
     SegmentIndexes,

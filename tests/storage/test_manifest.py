@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.errors import CorruptRemoteSegment
-from storage.manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
-from storage.model import IndexType, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
-from storage.rsm import ObjectType, kafka_uuid, partition_key_prefix, segment_key_prefix, segment_object_key
+from tierproxy.storage.errors import CorruptRemoteSegment
+from tierproxy.storage.manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
+from tierproxy.storage.model import IndexType, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
+from tierproxy.storage.rsm import ObjectType, kafka_uuid, partition_key_prefix, segment_key_prefix, segment_object_key
 
 # The ids of the example key in Aiven's ObjectKeyFactory javadoc.
 TOPIC_ID = uuid.UUID("31627a14-74df-458c-baee-3cf065d7aa49")
@@ -170,7 +170,7 @@ def test_chunked_crc_equals_whole_crc(chunks: list[bytes]) -> None:
 
 
 def test_block_checksums_round_trip_and_cover_the_object():
-    from storage.manifest import BLOCK_BYTES
+    from tierproxy.storage.manifest import BLOCK_BYTES
 
     data = bytes(range(256)) * (BLOCK_BYTES // 256 * 2 + 7)  # two whole blocks and a short one
     acc = Crc32cAccumulator()

@@ -7,15 +7,15 @@ import uuid
 
 import pytest
 
-from storage.errors import IllegalStateTransition
-from storage.metadata.cache import (
+from tierproxy.storage.errors import IllegalStateTransition
+from tierproxy.storage.metadata.cache import (
     DuplicateSegment,
     RemoteLogMetadataCache,
     UnknownSegment,
     is_segment_within_lineage,
 )
-from storage.metadata.serde import RemoteLogTruncation
-from storage.model import (
+from tierproxy.storage.metadata.serde import RemoteLogTruncation
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,

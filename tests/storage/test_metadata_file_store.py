@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from storage.errors import IllegalStateTransition, MetadataNotReady, RemoteLogMetadataError
-from storage.metadata import DuplicateSegment, MetadataDecodeError, UnknownSegment
-from storage.metadata.file_store import LOG_FILE_NAME, FileRemoteLogMetadataManager, encode_checked_entry
-from storage.metadata.serde import serialize
-from storage.model import (
+from tierproxy.storage.errors import IllegalStateTransition, MetadataNotReady, RemoteLogMetadataError
+from tierproxy.storage.metadata import DuplicateSegment, MetadataDecodeError, UnknownSegment
+from tierproxy.storage.metadata.file_store import LOG_FILE_NAME, FileRemoteLogMetadataManager, encode_checked_entry
+from tierproxy.storage.metadata.serde import serialize
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,

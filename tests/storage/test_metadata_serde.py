@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.metadata.serde import (
+from tierproxy.storage.metadata.serde import (
     MetadataDecodeError,
     RemoteLogTruncation,
     deserialize,
@@ -16,7 +16,7 @@ from storage.metadata.serde import (
     iter_entries,
     serialize,
 )
-from storage.model import (
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,

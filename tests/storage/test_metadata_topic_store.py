@@ -9,8 +9,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from storage.errors import IllegalStateTransition, RemoteLogMetadataError
-from storage.metadata.topic_store import (
+from tierproxy.storage.errors import IllegalStateTransition, RemoteLogMetadataError
+from tierproxy.storage.metadata.topic_store import (
     COMMITTED_OFFSETS_FILE,
     TopicRemoteLogMetadataManager,
     decode_flat_file,
@@ -18,7 +18,7 @@ from storage.metadata.topic_store import (
     flat_file_name,
     metadata_partition,
 )
-from storage.model import (
+from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,

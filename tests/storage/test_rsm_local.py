@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from storage.errors import RemoteStorageError
-from storage.model import IndexType
-from storage.local import LocalRemoteStorageManager
-from storage.rsm import ObjectType, RemoteStorageManager
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.model import IndexType
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
 
 from .rsm_contract import RemoteStorageManagerContract, make_segment
 

@@ -11,11 +11,11 @@ import pytest
 import pytest_asyncio
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
-import storage.s3
-from storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
-from storage.model import IndexType
-from storage.rsm import ObjectType, RemoteStorageManager
-from storage.s3 import MIB, S3RemoteStorageManager, storage_error
+import tierproxy.storage.s3
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
+from tierproxy.storage.model import IndexType
+from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
+from tierproxy.storage.s3 import MIB, S3RemoteStorageManager, storage_error
 from testbed.ports import LOOPBACK, free_port
 from testbed.s3 import S3Server
 
@@ -93,7 +93,7 @@ async def test_failed_multipart_upload_is_aborted(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
-    real_read_part = storage.s3._read_part
+    real_read_part = tierproxy.storage.s3._read_part
     parts_read = 0
 
     async def failing_read_part(f, path, size):  # the local disk fails after the first part
@@ -103,7 +103,7 @@ async def test_failed_multipart_upload_is_aborted(
             raise RemoteStorageError(f"cannot read local file {path}: I/O error", retriable=False)
         return await real_read_part(f, path, size)
 
-    monkeypatch.setattr(storage.s3, "_read_part", failing_read_part)
+    monkeypatch.setattr(tierproxy.storage.s3, "_read_part", failing_read_part)
     async with manager(s3_server) as rsm:
         with pytest.raises(RemoteStorageError, match="I/O error"):
             await rsm.copy_log_segment_data(segment.metadata, segment.data)

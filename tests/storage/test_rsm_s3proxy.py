@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from storage.s3 import S3RemoteStorageManager
+from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.latency import LatencyRelay
 from testbed.s3proxy import S3ProxyServer
 

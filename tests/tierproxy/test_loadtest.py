@@ -18,8 +18,8 @@ from confluent_kafka import Producer
 
 from tierproxy.cli import main
 from tierproxy.loadtest import LatencyWindow, LoadTest, StartPosition, merge_latency, parse_start
-from storage.local import LocalRemoteStorageManager
-from storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tests.proxy.test_passthrough import ProxyThread, running_proxy
 from tests.proxy.tiered_helpers import local_proxy_settings, tier_and_trim
 

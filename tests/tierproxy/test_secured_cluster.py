@@ -24,9 +24,9 @@ import javaproperties
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from client.cluster import Cluster
-from client.connection import AuthenticationError
-from config import parse
+from tierproxy.client.cluster import Cluster
+from tierproxy.client.connection import AuthenticationError
+from tierproxy.config import parse
 from testbed.kafka import KafkaCluster
 from testbed.ports import free_ports
 

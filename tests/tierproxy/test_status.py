@@ -18,10 +18,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Producer
 
-from client.cluster import Cluster
-from config import load
+from tierproxy.client.cluster import Cluster
+from tierproxy.config import load
 from tierproxy.status import broken_invariants
-from storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tests.helpers.remote_tier import tier_from_broker
 
 ROOT = Path(__file__).resolve().parents[2]
