@@ -3,8 +3,10 @@ store's first-byte latency (10-50 ms for S3 GETs) in front of a fast local one.
 
 A "response" starts when the server sends after the client did: on a keep-alive HTTP
 connection that is each answer to a request. Its first bytes wait `first_byte_ms`; the
-rest streams as fast as the server sends it. Run it as its own process, so that it
-costs the process under measurement nothing:
+rest streams as fast as the server sends it. The bytes never enter Python: each direction
+of a connection is a thread moving them socket -> pipe -> socket with splice(2), so the
+relay costs little CPU beside the processes under measurement (its own CPU time is
+reported by the benchmarks all the same). Run it as its own process:
 
     python -m testbed.latency --listen 9000 --to 127.0.0.1:9001 --first-byte-ms 20
 """
@@ -12,56 +14,99 @@ costs the process under measurement nothing:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from testbed.ports import LOOPBACK, free_port
 from testbed.processes import spawn, stop_pids
 
-CHUNK = 256 * 1024
+# Bytes one splice moves at most: the pipe is grown to this, so a call drains a socket's
+# receive buffer in one go.
+SPLICE_BYTES = 1 << 20
 
 
-async def _relay(listen: int, target: tuple[str, int], delay_s: float) -> None:
-    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        try:
-            server_reader, server_writer = await asyncio.open_connection(*target)
-        except OSError:
-            client_writer.close()
-            return
-        asked = asyncio.Event()  # the client sent something the server has not answered yet
+def _pipe() -> tuple[int, int]:
+    read_end, write_end = os.pipe()
+    with contextlib.suppress(OSError):  # only the pipe's capacity: the default 64 KiB works too
+        import fcntl
 
-        async def upstream() -> None:
-            while data := await client_reader.read(CHUNK):
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, SPLICE_BYTES)
+    return read_end, write_end
+
+
+def _pump(source: socket.socket, sink: socket.socket, asked: threading.Event, delay_s: float,
+          sets_asked: bool) -> None:
+    """Move bytes from `source` to `sink` until `source` ends. The upstream direction marks a
+    request (`sets_asked`); the downstream one waits `delay_s` before the first byte of the
+    answer to each."""
+    read_end, write_end = _pipe()
+    poller = select.poll()
+    poller.register(source, select.POLLIN)
+    try:
+        while True:
+            poller.poll()
+            if sets_asked:
                 asked.set()
-                server_writer.write(data)
-                await server_writer.drain()
-            server_writer.write_eof()
-
-        async def downstream() -> None:
-            while data := await server_reader.read(CHUNK):
-                if asked.is_set():
-                    asked.clear()
-                    await asyncio.sleep(delay_s)
-                client_writer.write(data)
-                await client_writer.drain()
-            client_writer.close()
-
+            elif asked.is_set():
+                asked.clear()
+                time.sleep(delay_s)
+            moved = os.splice(source.fileno(), write_end, SPLICE_BYTES)
+            if moved == 0:
+                break
+            while moved:
+                moved -= os.splice(read_end, sink.fileno(), moved)
         with contextlib.suppress(OSError):
-            await asyncio.gather(upstream(), downstream())
-        for writer in (client_writer, server_writer):
-            writer.close()
+            sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
-    server = await asyncio.start_server(handle, LOOPBACK, listen)
-    stop = asyncio.Event()
+
+def _serve_connection(client: socket.socket, target: tuple[str, int], delay_s: float) -> None:
+    try:
+        server = socket.create_connection(target)
+    except OSError:
+        client.close()
+        return
+    for sock in (client, server):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    asked = threading.Event()  # the client sent something the server has not answered yet
+    up = threading.Thread(target=_pump, args=(client, server, asked, delay_s, True), daemon=True)
+    up.start()
+    _pump(server, client, asked, delay_s, False)
+    up.join()
+    client.close()
+    server.close()
+
+
+def _relay(listen: int, target: tuple[str, int], delay_s: float) -> None:
+    listener = socket.create_server((LOOPBACK, listen), reuse_port=False)
+    stop = threading.Event()
+
+    def stopping(*_: object) -> None:
+        stop.set()
+        listener.close()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    async with server:
-        await stop.wait()
+        signal.signal(signum, stopping)
+    while not stop.is_set():
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            break
+        threading.Thread(target=_serve_connection, args=(client, target, delay_s), daemon=True).start()
 
 
 class LatencyRelay:
@@ -84,8 +129,6 @@ class LatencyRelay:
         self._process = spawn([sys.executable, "-m", "testbed.latency", "--listen", str(self.port), "--to",
                                f"{self.target[0]}:{self.target[1]}", "--first-byte-ms", str(self.first_byte_ms)],
                               self._log, cwd=Path(__file__).resolve().parent.parent)
-        import socket
-
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -109,7 +152,7 @@ def main() -> int:
     parser.add_argument("--first-byte-ms", type=float, default=20.0)
     args = parser.parse_args()
     host, port = args.to.rsplit(":", 1)
-    asyncio.run(_relay(args.listen, (host, int(port)), args.first_byte_ms / 1000))
+    _relay(args.listen, (host, int(port)), args.first_byte_ms / 1000)
     return 0
 
 

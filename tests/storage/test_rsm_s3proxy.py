@@ -37,8 +37,9 @@ class TestS3RemoteStorageManagerOnS3Proxy(test_rsm_s3.TestS3RemoteStorageManager
 
 
 async def test_the_relay_holds_back_every_response_by_its_first_byte_latency(s3proxy, tmp_path):
-    """Each GET through the relay takes at least the injected latency, and its bytes are the object's."""
-    segment = make_segment(tmp_path, log_size=300_000)
+    """Each GET through the relay takes at least the injected latency, and its bytes (megabytes,
+    many splices) are the object's."""
+    segment = make_segment(tmp_path, log_size=3_000_000)
     delay_ms = 80
     with LatencyRelay(s3proxy.endpoint_url, delay_ms, tmp_path / "relay") as relay:
         async with manager(s3proxy) as direct:
@@ -47,7 +48,7 @@ async def test_the_relay_holds_back_every_response_by_its_first_byte_latency(s3p
                 relayed.prefix = direct.prefix  # the same objects, read through the relay
                 for attempt in range(3):
                     started = time.perf_counter()
-                    data = await read_all(relayed, segment.metadata, 1000, 200_000)
+                    data = await read_all(relayed, segment.metadata, 1000, 2_900_000)
                     elapsed_ms = (time.perf_counter() - started) * 1000
-                    assert data == segment.log[1000:200_001]
+                    assert data == segment.log[1000:2_900_001]
                     assert elapsed_ms >= delay_ms, (attempt, elapsed_ms)
