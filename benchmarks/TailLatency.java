@@ -3,9 +3,12 @@
 //
 //     java -cp <kafka libs>/* benchmarks/TailLatency.java BOOTSTRAP TOPIC WARMUP_S SECONDS
 //
-// Prints one JSON line: records seen after the warm-up, end-to-end latency p50/p99 (now
-// minus the record's CreateTime, in ms) and the consumer's own request bytes and
-// requests in the measured window (consumer-metrics outgoing-byte-total, request-total).
+// Prints "window start" and "window end" lines when the measured window opens and closes
+// (the caller reads the broker's and the proxy's CPU time at those moments), then one JSON
+// line: records seen in the window, end-to-end latency p50/p99 (now minus the record's
+// CreateTime, in ms), and the consumer's own request bytes, requests and Fetch requests in
+// the window (consumer-metrics outgoing-byte-total, request-total;
+// consumer-fetch-manager-metrics fetch-total).
 
 import java.time.Duration;
 import java.util.ArrayList;
@@ -51,6 +54,8 @@ public class TailLatency {
                 }
                 if (before == null && now >= start) {
                     before = requestCounters(consumer.metrics());
+                    System.out.println("window start");
+                    System.out.flush();
                 }
                 for (ConsumerRecord<byte[], byte[]> record : consumer.poll(Duration.ofMillis(100))) {
                     long received = System.currentTimeMillis();
@@ -60,23 +65,26 @@ public class TailLatency {
                 }
             }
             double[] after = requestCounters(consumer.metrics());
+            System.out.println("window end");
+            System.out.flush();
             Collections.sort(latencies);
             System.out.printf("{\"records\": %d, \"p50_ms\": %s, \"p99_ms\": %s, \"request_bytes\": %.0f, "
-                    + "\"requests\": %.0f}%n", latencies.size(), quantile(latencies, 0.50),
-                    quantile(latencies, 0.99), after[0] - before[0], after[1] - before[1]);
+                    + "\"requests\": %.0f, \"fetches\": %.0f}%n", latencies.size(), quantile(latencies, 0.50),
+                    quantile(latencies, 0.99), after[0] - before[0], after[1] - before[1], after[2] - before[2]);
         }
     }
 
     private static double[] requestCounters(Map<MetricName, ? extends Metric> metrics) {
-        double[] counters = new double[2];
+        double[] counters = new double[3];
         metrics.forEach((name, metric) -> {
-            if (!name.group().equals("consumer-metrics")) {
-                return;
-            }
-            if (name.name().equals("outgoing-byte-total")) {
+            boolean total = name.tags().get("topic") == null;  // fetch-total exists per topic too
+            if (name.group().equals("consumer-metrics") && name.name().equals("outgoing-byte-total")) {
                 counters[0] = ((Number) metric.metricValue()).doubleValue();
-            } else if (name.name().equals("request-total")) {
+            } else if (name.group().equals("consumer-metrics") && name.name().equals("request-total")) {
                 counters[1] = ((Number) metric.metricValue()).doubleValue();
+            } else if (name.group().equals("consumer-fetch-manager-metrics") && name.name().equals("fetch-total")
+                    && total) {
+                counters[2] = ((Number) metric.metricValue()).doubleValue();
             }
         });
         return counters;

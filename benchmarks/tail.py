@@ -12,15 +12,18 @@ every partition, each directly and through a `tierproxy serve` subprocess, inter
 - librdkafka: confluent-kafka, which never uses sessions (every request names every
   partition).
 
-Per case, after `--warmup` seconds: records, end-to-end latency p50/p99 (receive time
-minus the record's CreateTime), the consumer's own request bytes per request, and the
-CPU seconds of the broker and of the proxy over the case. Best of `--repeats` per case.
+Per case, over a window that opens `--warmup` seconds after the consumer started: records,
+end-to-end latency p50/p99 (receive time minus the record's CreateTime), the consumer's
+own counts of requests, Fetch requests and request bytes, and the CPU seconds of the
+broker and of the proxy read when the window opens and closes. Per Fetch: CPU seconds of
+a process over the window divided by the consumer's Fetch requests in it. Per-window CPU
+misleads: a CPU-starved proxy slows the consumer's fetch rate and with it the broker's
+CPU. Best and median of `--repeats` per case.
 
     .venv/bin/python benchmarks/tail.py --partitions 500 --rate 2000 --seconds 30
 
-Targets (issue "Fetch at production scale"): through the proxy, proxy CPU <= 0.2x the
-broker's CPU for the same consumer; request bytes within 1.5x of direct; p99 within
-direct + 5 ms.
+Targets: proxy CPU per Fetch <= 0.2x the broker's CPU per Fetch when the same consumer
+reads directly (same run); request bytes within 1.5x of direct; p99 within direct + 5 ms.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import json
 import os
 import platform
 import shlex
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -69,22 +74,53 @@ class SteadyProducer(threading.Thread):
         producer.flush(10)
 
 
-def java_case(kafka, bootstrap: str, topic: str, warmup: int, seconds: int) -> dict:
-    result = kafka.java_tool(str(JAVA_CONSUMER), bootstrap, topic, str(warmup), str(seconds),
-                             timeout=warmup + seconds + 120)
-    if result.returncode != 0:
-        raise RuntimeError(f"TailLatency.java failed: {result.stderr[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+class Window:
+    """CPU seconds of the broker and the proxy between `open()` and `close()`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.cpu: dict[str, float] = {}
+        self._opened: dict[str, float] = {}
+
+    def open(self) -> None:
+        self._opened = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def close(self) -> None:
+        self.cpu = {f"{name}_cpu_s": cpu_seconds(pid) - self._opened[name] for name, pid in self.pids.items()}
 
 
-def librdkafka_case(bootstrap: str, topic: str, partitions: int, warmup: int, seconds: int) -> dict:
+def java_case(kafka, bootstrap: str, topic: str, warmup: int, seconds: int, window: Window) -> dict:
+    command = kafka.java_tool_command(str(JAVA_CONSUMER), bootstrap, topic, str(warmup), str(seconds))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL)
+    try:
+        lines = []
+        for line in process.stdout:
+            line = line.strip()
+            if line == "window start":
+                window.open()
+            elif line == "window end":
+                window.close()
+            elif line:
+                lines.append(line)
+        if process.wait(timeout=warmup + seconds + 120) != 0 or not window.cpu:
+            raise RuntimeError(f"TailLatency.java failed: {process.stderr.read()[-2000:]}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return json.loads(lines[-1])
+
+
+def librdkafka_case(bootstrap: str, topic: str, partitions: int, warmup: int, seconds: int, window: Window) -> dict:
     from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-    counters: list[tuple[float, int, int]] = []  # (time, requests, request bytes) per statistics
+    # (time, requests, request bytes, Fetch requests) per statistics callback
+    counters: list[tuple[float, int, int, int]] = []
 
     def on_stats(document: str) -> None:
         brokers = [b for b in json.loads(document)["brokers"].values() if b.get("nodeid", -1) >= 0]
-        counters.append((time.monotonic(), sum(b["tx"] for b in brokers), sum(b["txbytes"] for b in brokers)))
+        counters.append((time.monotonic(), sum(b["tx"] for b in brokers), sum(b["txbytes"] for b in brokers),
+                         sum(b.get("req", {}).get("Fetch", 0) for b in brokers)))
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tail-{os.getpid()}-{time.time_ns()}",
                          "enable.auto.commit": False, "statistics.interval.ms": 1000, "stats_cb": on_stats})
@@ -92,18 +128,31 @@ def librdkafka_case(bootstrap: str, topic: str, partitions: int, warmup: int, se
     latencies: list[int] = []
     start = time.monotonic() + warmup
     end = start + seconds
+    opened = False
     try:
         while (now := time.monotonic()) < end:
+            if not opened and now >= start:
+                window.open()
+                opened = True
             for message in consumer.consume(1000, timeout=0.1):
-                if message.error() is None and now >= start:
+                if message.error() is None and opened:
                     latencies.append(int(time.time() * 1000) - message.timestamp()[1])
+        window.close()
     finally:
         consumer.close()
-    window = [c for c in counters if start <= c[0] <= end]
+    # Statistics come once a second: the counts of the whole seconds inside the window.
+    inside = [c for c in counters if start <= c[0] <= end]
+    first, last = (inside[0], inside[-1]) if len(inside) > 1 else (None, None)
     latencies.sort()
-    return {"records": len(latencies), "p50_ms": _quantile(latencies, 0.50), "p99_ms": _quantile(latencies, 0.99),
-            "request_bytes": window[-1][2] - window[0][2] if len(window) > 1 else None,
-            "requests": window[-1][1] - window[0][1] if len(window) > 1 else None}
+    row = {"records": len(latencies), "p50_ms": _quantile(latencies, 0.50), "p99_ms": _quantile(latencies, 0.99),
+           "request_bytes": last[2] - first[2] if first else None,
+           "requests": last[1] - first[1] if first else None,
+           "fetches": last[3] - first[3] if first else None}
+    if first:
+        # scale the counts to the whole window the CPU was read over
+        scale = seconds / max(last[0] - first[0], 1e-3)
+        row.update({k: row[k] * scale for k in ("request_bytes", "requests", "fetches")})
+    return row
 
 
 def _quantile(values: list[int], q: float) -> int | None:
@@ -153,13 +202,13 @@ def main() -> int:
                 for attempt in range(args.repeats):
                     for client in clients:
                         for route, bootstrap in routes.items():
-                            broker_cpu, proxy_cpu = cpu_seconds(broker_pid), cpu_seconds(proxy["pid"])
+                            window = Window({"broker": broker_pid, "proxy": proxy["pid"]})
                             if client == "java":
-                                row = java_case(kafka, bootstrap, topic, args.warmup, args.seconds)
+                                row = java_case(kafka, bootstrap, topic, args.warmup, args.seconds, window)
                             else:
-                                row = librdkafka_case(bootstrap, topic, args.partitions, args.warmup, args.seconds)
-                            row["broker_cpu_s"] = cpu_seconds(broker_pid) - broker_cpu
-                            row["proxy_cpu_s"] = cpu_seconds(proxy["pid"]) - proxy_cpu
+                                row = librdkafka_case(bootstrap, topic, args.partitions, args.warmup, args.seconds,
+                                                      window)
+                            row.update(window.cpu)
                             results.setdefault((client, route), []).append(row)
                             print(f"  [{attempt + 1}] {client:10} {route:6} {_row(row)}", flush=True)
         finally:
@@ -167,45 +216,74 @@ def main() -> int:
             producer.join(30)
     print()
     print(f"{args.partitions} partitions, {args.rate} records/s of 1 KiB, {args.seconds} s measured per case, "
-          f"best of {args.repeats} (lowest p99; CPU and request bytes of that case)")
+          f"{args.repeats} rounds; CPU per Fetch in ms (CPU seconds over the window / the consumer's Fetch "
+          f"requests in it)")
     print()
-    print("| consumer | route | records | latency p50 / p99 ms | bytes per request | broker CPU s | proxy CPU s |")
-    print("|---|---|---|---|---|---|---|")
-    best = {key: min(rows, key=lambda r: r["p99_ms"] if r["p99_ms"] is not None else 1e9)
-            for key, rows in results.items()}
-    for (client, route), row in best.items():
-        print(f"| {client} | {route} | {row['records']:,} | {row['p50_ms']} / {row['p99_ms']} | "
-              f"{_per_request(row)} | {row['broker_cpu_s']:.2f} | "
-              f"{row['proxy_cpu_s']:.2f} |")
+    print("| consumer | route | round | records | latency p50 / p99 ms | Fetch requests | bytes per request "
+          "| broker CPU s | proxy CPU s | broker ms / Fetch | proxy ms / Fetch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (client, route), rows in results.items():
+        for i, row in enumerate(rows, 1):
+            print(f"| {client} | {route} | {i} | {row['records']:,} | {row['p50_ms']} / {row['p99_ms']} | "
+                  f"{_fmt(row.get('fetches'), '.0f')} | {_per_request(row)} | {row['broker_cpu_s']:.2f} | "
+                  f"{row['proxy_cpu_s']:.2f} | {_fmt(_per_fetch(row, 'broker'), '.3f')} | "
+                  f"{_fmt(_per_fetch(row, 'proxy'), '.3f')} |")
     print()
     for client in clients:
-        direct, proxied = best.get((client, "direct")), best.get((client, "proxy"))
+        direct, proxied = results.get((client, "direct")), results.get((client, "proxy"))
         if not direct or not proxied:
             continue
-        cpu_ratio = proxied["proxy_cpu_s"] / max(proxied["broker_cpu_s"], 0.01)
-        bytes_ratio = (proxied["request_bytes"] / direct["request_bytes"]
-                       if proxied["request_bytes"] and direct["request_bytes"] else None)
-        p99_delta = (proxied["p99_ms"] - direct["p99_ms"]
-                     if proxied["p99_ms"] is not None and direct["p99_ms"] is not None else None)
-        print(f"{client}: proxy CPU / broker CPU {cpu_ratio:.2f} (target <= 0.2); request bytes proxy / direct "
-              f"{_fmt(bytes_ratio)} (target <= 1.5); p99 proxy - direct {p99_delta} ms (target <= 5)")
+        broker_per_fetch = [v for r in direct if (v := _per_fetch(r, "broker")) is not None]
+        proxy_per_fetch = [v for r in proxied if (v := _per_fetch(r, "proxy")) is not None]
+        ratios = _ratios(proxy_per_fetch, broker_per_fetch)
+        p99 = _deltas([r["p99_ms"] for r in proxied], [r["p99_ms"] for r in direct])
+        size = _ratios([_bytes(r) for r in proxied], [_bytes(r) for r in direct])
+        print(f"{client}: proxy CPU per Fetch / broker CPU per Fetch (direct) best {_fmt(_best(ratios))}, median "
+              f"{_fmt(_median(ratios))} (target <= 0.2); p99 proxy - direct best {_fmt(_best(p99), '.0f')} ms, "
+              f"median {_fmt(_median(p99), '.0f')} ms (target <= 5); bytes per request proxy / direct median "
+              f"{_fmt(_median(size))} (target <= 1.5)")
     return 0
 
 
+def _per_fetch(row: dict, process: str) -> float | None:
+    """Milliseconds of CPU per Fetch request of the consumer."""
+    return row[f"{process}_cpu_s"] * 1000 / row["fetches"] if row.get("fetches") else None
+
+
+def _bytes(row: dict) -> float | None:
+    return row["request_bytes"] / row["requests"] if row.get("requests") else None
+
+
+def _ratios(ours: list, theirs: list) -> list[float]:
+    """Every round against every round of the other route: interleaved rounds share no pairing."""
+    return [a / b for a in ours if a is not None for b in theirs if b]
+
+
+def _deltas(ours: list, theirs: list) -> list[float]:
+    return [a - b for a in ours if a is not None for b in theirs if b is not None]
+
+
+def _best(values: list[float]) -> float | None:
+    return min(values) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _per_request(row: dict) -> str:
-    if not row.get("requests"):
-        return "n/a"
-    return f"{row['request_bytes'] / row['requests']:,.0f}"
+    return _fmt(_bytes(row), ",.0f")
 
 
 def _row(row: dict) -> str:
     return (f"records {row['records']:,}  p50/p99 {row['p50_ms']}/{row['p99_ms']} ms  "
-            f"bytes/request {_per_request(row)}  broker CPU {row['broker_cpu_s']:.2f}s  "
-            f"proxy CPU {row['proxy_cpu_s']:.2f}s")
+            f"fetches {_fmt(row.get('fetches'), '.0f')}  bytes/request {_per_request(row)}  "
+            f"broker CPU {row['broker_cpu_s']:.2f}s ({_fmt(_per_fetch(row, 'broker'), '.3f')} ms/Fetch)  "
+            f"proxy CPU {row['proxy_cpu_s']:.2f}s ({_fmt(_per_fetch(row, 'proxy'), '.3f')} ms/Fetch)")
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 if __name__ == "__main__":
