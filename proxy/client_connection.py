@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.codecs import encode_response
 from tierproxy.protocol.errors import DecodeError, FrameError, ProtocolError
@@ -48,9 +49,7 @@ from tierproxy.protocol.headers import (
     encode_response_header,
     parse_response_header,
     peek_request_header,
-    read_unsigned_varint,
     response_header_version,
-    skip_tagged_fields,
 )
 
 from .authentication import SaslGate, UnauthenticatedRequest
@@ -64,7 +63,7 @@ if TYPE_CHECKING:
 
     from .server import ProxyServer
 
-__all__ = ("ClientConnection", "UpstreamClosed", "produce_acks")
+__all__ = ("ClientConnection", "UpstreamClosed")
 
 log = logging.getLogger(__name__)
 
@@ -73,39 +72,11 @@ WRITE_HIGH_WATER = 1024 * 1024
 # Responses are as large as the client's fetch.max.bytes asks; only the int32 bounds them.
 MAX_RESPONSE_BYTES = 2**31 - 1
 
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
-_PRODUCE_FIRST_FLEXIBLE = 9
 
 
 class UpstreamClosed(ConnectionError):
     """The client's upstream connection is gone; a forward() cannot complete."""
-
-
-def produce_acks(body: memoryview, header: RequestHeader) -> int:
-    """``acks`` of a Produce request (v3+): transactional id, then int16 acks.
-
-    acks=0 gets no response from the broker, so no response slot may wait for one.
-    """
-    pos = header.header_size
-    end = len(body)
-    flexible = header.flexible
-    if flexible is None:
-        # A version kio does not know: the header's tagged fields were not skipped.
-        flexible = header.api_version >= _PRODUCE_FIRST_FLEXIBLE
-        if flexible:
-            pos = skip_tagged_fields(body, pos, end)
-    if flexible:
-        length_plus_one, pos = read_unsigned_varint(body, pos, end)
-        pos += max(length_plus_one - 1, 0)
-    else:
-        if pos + 2 > end:
-            raise DecodeError("Produce request ends inside its transactional id")
-        (length,) = _INT16.unpack_from(body, pos)
-        pos += 2 + max(length, 0)
-    if pos + 2 > end:
-        raise DecodeError("Produce request ends before acks")
-    return _INT16.unpack_from(body, pos)[0]
 
 
 class _InFlight:
@@ -347,7 +318,7 @@ class ClientConnection(asyncio.Protocol):
             if self._sasl is not None:
                 self._sasl.check_request(header, body)
             # acks=0: the broker sends no response, so none may be waited for.
-            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+            if not expects_response(header, body):
                 self._metrics.forwarded(header.api_key)
                 self._send_upstream(encode_frame(body), None)
                 return

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import uvloop
 
+from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import encode_request_header, peek_request_header
-from tierproxy.proxy.client_connection import produce_acks
 from tierproxy.proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.ordering import ResponseOrderer
@@ -59,7 +59,7 @@ class FakeBroker(asyncio.Protocol):
         for body in self.decoder.feed(data):
             header = peek_request_header(body)
             FakeBroker.seen.append(header.correlation_id)
-            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+            if not expects_response(header, body):
                 continue
             self.queue.put_nowait(header.correlation_id)
 
