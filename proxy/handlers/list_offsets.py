@@ -26,7 +26,7 @@ from typing import Any
 from kio.static.primitive import i32, i64
 
 from tierproxy.protocol.apis import ApiKey, ErrorCode, OffsetSpec
-from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity
+from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity, nested_entities
 from tierproxy.protocol.codecs import request_schema, response_schema
 from tierproxy.protocol.headers import RequestHeader
 from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
@@ -97,7 +97,7 @@ class ListOffsetsInterceptor(Interceptor):
             topic_ids = await queries.topic_ids({name for name, _ in asked if name in remote_names})
 
         schema = response_schema(ApiKey.LIST_OFFSETS, version)
-        module = __import__(schema.__module__, fromlist=["ListOffsetsPartitionResponse"])
+        entities = nested_entities(schema)
         out_topics = []
         for topic in request.topics:
             partitions = []
@@ -109,10 +109,10 @@ class ListOffsetsInterceptor(Interceptor):
                 else:
                     answer = await self._answer(key, asked[key], answers.get(key), topic_ids.get(topic.name))
                 partitions.append(
-                    make_entity(module.ListOffsetsPartitionResponse, partition_index=partition.partition_index,
+                    make_entity(entities["ListOffsetsPartitionResponse"], partition_index=partition.partition_index,
                                 **_typed(answer))
                 )
-            out_topics.append(make_entity(module.ListOffsetsTopicResponse, name=topic.name,
+            out_topics.append(make_entity(entities["ListOffsetsTopicResponse"], name=topic.name,
                                           partitions=tuple(partitions)))
         return make_entity(schema, throttle_time=datetime.timedelta(0), topics=tuple(out_topics))
 
@@ -176,13 +176,13 @@ def _translated(asked: dict[tuple[str, int], int], version: int) -> bool:
 
 def _convert(schema: type, entity: Any, **changes: Any) -> Any:
     """`entity` as another version of its schema (fields that version lacks are dropped)."""
-    module = __import__(schema.__module__, fromlist=["ListOffsetsTopic"])
+    entities = nested_entities(schema)
     values = {f.name: getattr(entity, f.name) for f in dataclasses.fields(entity)}
     values.update(changes)
     if "topics" in values:
         values["topics"] = tuple(
-            make_entity(module.ListOffsetsTopic, name=t.name, partitions=tuple(
-                make_entity(module.ListOffsetsPartition, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+            make_entity(entities["ListOffsetsTopic"], name=t.name, partitions=tuple(
+                make_entity(entities["ListOffsetsPartition"], **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
                 for p in t.partitions))
             for t in values["topics"]
         )
