@@ -53,7 +53,7 @@ from tierproxy.protocol.headers import (
 )
 
 from .authentication import SaslGate, UnauthenticatedRequest
-from .handlers import ConnectionContext, Interceptor, InvalidRequest
+from .filters import ConnectionContext, Interceptor, InvalidRequest
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
 from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION, SASL_SERVER_MAX_RECEIVE_SIZE, SECURITY_PROTOCOL, SOCKET_REQUEST_MAX_BYTES

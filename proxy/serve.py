@@ -11,11 +11,11 @@ import signal
 from tierproxy.config import Config, METRICS_PORT, PROXY_LISTENER_HOST
 from tierproxy.protocol.codecs import preload
 
-from .handlers import InterceptorRegistry
-from .handlers.addresses import address_rewriters
-from .handlers.api_versions import ApiVersionsInterceptor
-from .handlers.fetch import FetchInterceptor
-from .handlers.list_offsets import ListOffsetsInterceptor
+from .filters import InterceptorRegistry
+from .filters.addresses import address_rewriters
+from .filters.api_versions import ApiVersionsInterceptor
+from .filters.fetch import FetchInterceptor
+from .filters.list_offsets import ListOffsetsInterceptor
 from .metrics import ProxyMetrics, metrics_endpoint
 from .server import ProxyServer
 

@@ -36,7 +36,7 @@ from tierproxy.protocol.errors import ProtocolError
 from tierproxy.protocol.requests import metadata_request
 
 from .client_connection import ClientConnection
-from .handlers import InterceptorRegistry, ProxyServices
+from .filters import InterceptorRegistry, ProxyServices
 from .metrics import ProxyMetrics
 from .tls import listener_ssl_context
 

@@ -14,7 +14,7 @@ from kio.static.primitive import i32, i64
 from tierproxy.protocol.codecs import encode_response
 from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
 from tierproxy.protocol.requests import milliseconds
-from tierproxy.proxy.handlers.broker_queries import BrokerQueries, TierConnectionState
+from tierproxy.proxy.filters.broker_queries import BrokerQueries, TierConnectionState
 
 
 def _answer(correlation_id: int) -> memoryview:

@@ -215,7 +215,7 @@ async def test_session_errors_from_the_broker_pass_through(proxy, tiered):
 
 
 async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monkeypatch):
-    import tierproxy.proxy.handlers.fetch as fetch_handler
+    import tierproxy.proxy.filters.fetch as fetch_handler
 
     decoded = []
     original = fetch_handler.decode_client_request

@@ -24,7 +24,7 @@ from tierproxy.protocol.codecs import (
 )
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
-from tierproxy.proxy.handlers.fetch_wire import (
+from tierproxy.proxy.filters.fetch_wire import (
     SESSIONLESS,
     RemotePartition,
     encode_fetch_response,

@@ -18,7 +18,7 @@ from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import encode_request_header, peek_request_header
-from tierproxy.proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
+from tierproxy.proxy.filters import ConnectionContext, Forward, Interceptor, InterceptorRegistry
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.ordering import ResponseOrderer
 from tierproxy.config.addresses import parse_host_port
