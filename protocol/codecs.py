@@ -61,6 +61,7 @@ __all__ = (
     "decode_request_frame",
     "decode_response",
     "decode_response_frame",
+    "encode_payload",
     "encode_request",
     "encode_response",
     "kio_versions",
@@ -423,6 +424,11 @@ def encode_request(payload: Any, correlation_id: int, client_id: str | None) -> 
     assert header_version is not None, "kio objects always have a schema"
     header = encode_request_header(api_key, api_version, correlation_id, client_id, header_version)
     return _encode(header, payload)
+
+
+def encode_payload(payload: Any) -> bytes:
+    """A kio request or response object as its payload alone, without a header."""
+    return _encode(b"", payload)
 
 
 def encode_response(payload: Any, correlation_id: int) -> bytes:

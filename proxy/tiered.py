@@ -1,4 +1,4 @@
-"""The remote tier as the proxy's handlers share it: storage, metadata, the read engine,
+"""The remote tier as the proxy's filters share it: storage, metadata, the read engine,
 and the Kafka error code that stands for TIERED_STORAGE_NOT_AVAILABLE.
 
 Kafka never shipped a wire code named TIERED_STORAGE_NOT_AVAILABLE; it answers a failed

@@ -7,47 +7,40 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from typing import TYPE_CHECKING
+from types import MappingProxyType
 
 from kio.static.primitive import i16
 
 from tierproxy.protocol.apis import ApiKey
-from tierproxy.protocol.codecs import INTERCEPTED, decode_response
+from tierproxy.protocol.codecs import INTERCEPTED
 
-from . import ConnectionContext, Forward, Interceptor, Response
+from .chain import CallNext, Filter
+from .context import ConnectionContext
+from .messages import ClientRequest, Response
 
-if TYPE_CHECKING:
-    from tierproxy.protocol.headers import RequestHeader
-
-__all__ = ("ApiVersionsInterceptor", "BROKER_VERSIONS_KEY")
-
-BROKER_VERSIONS_KEY = "broker_api_versions"
-"""ctx.state key: the broker's {api key: (min, max)} from this connection's ApiVersions."""
+__all__ = ("ApiVersionsFilter",)
 
 _ERROR_CODE = struct.Struct(">h")
 
 
-class ApiVersionsInterceptor(Interceptor):
-    api_key = ApiKey.API_VERSIONS
-    versions = INTERCEPTED[ApiKey.API_VERSIONS]
+class ApiVersionsFilter(Filter):
+    apis = MappingProxyType({ApiKey.API_VERSIONS: INTERCEPTED[ApiKey.API_VERSIONS]})
 
-    async def handle(
-        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
-    ) -> Response:
-        payload = await forward(frame_body)
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
+        response = await call_next(request)
+        payload = response.payload
         # Every version starts with the error code. On an error (UNSUPPORTED_VERSION
         # comes with a v0 body, KIP-511) the client must get the broker's answer as is.
         if len(payload) < _ERROR_CODE.size or _ERROR_CODE.unpack_from(payload, 0)[0] != 0:
-            return payload
-        response = decode_response(self.api_key, header.api_version, payload)
-        # Handlers that talk to the broker in other versions need its real ranges.
-        ctx.state[BROKER_VERSIONS_KEY] = {a.api_key: (a.min_version, a.max_version) for a in response.api_keys}
-        registry = ctx.services.interceptors
+            return response
+        body = response.body
+        # Filters that talk to the broker in other versions need its real ranges.
+        ctx.broker_api_versions = {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in body.api_keys}
+        filters = ctx.services.filters
         api_keys = []
-        for api in response.api_keys:
-            interceptor = registry.get(api.api_key)
-            if interceptor is not None:
-                low, high = interceptor.advertised_versions(api.min_version, api.max_version)
+        for api in body.api_keys:
+            if filters.filters_of(api.api_key):
+                low, high = filters.advertised_versions(api.api_key, api.min_version, api.max_version)
                 api = dataclasses.replace(api, min_version=i16(low), max_version=i16(high))
             api_keys.append(api)
-        return dataclasses.replace(response, api_keys=tuple(api_keys))
+        return Response.of(dataclasses.replace(body, api_keys=tuple(api_keys)))
