@@ -19,6 +19,7 @@ import functools
 import logging
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .messages import ClientRequest, Response
@@ -39,7 +40,7 @@ class Filter:
     `handle`; one instance serves every connection, so per-connection state lives in
     the ConnectionContext."""
 
-    apis: Mapping[int, range] = {}
+    apis: Mapping[int, range] = MappingProxyType({})
     """API key -> the request versions this filter takes part in."""
 
     def advertised_versions(self, api_key: int, broker_min: int, broker_max: int) -> tuple[int, int]:
