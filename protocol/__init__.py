@@ -6,6 +6,7 @@ No I/O here: no sockets, no asyncio, no object storage. Everything works on byte
 - ``headers``: request/response headers read and written without the payload.
 - ``codecs``: kio encode/decode of the intercepted APIs (INTERCEPTED).
 - ``records``: record-batch headers, walked without decoding records.
+- ``acks``: whether the broker answers a request (not a Produce with acks=0).
 - ``apis``: ApiKey, ErrorCode, OffsetSpec.
 - ``errors``: ProtocolError, FrameError, DecodeError.
 """

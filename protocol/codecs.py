@@ -8,13 +8,20 @@ element, so a hostile length (say 2**31) makes it allocate gigabytes and abort t
 whole process. Before kio sees a payload, a walk over the same schema checks every
 length against the bytes that are actually there: nothing is built, only positions
 are advanced. Any failure of either step is a DecodeError naming the API and version.
+
+Only kio's public API is used: ``kio.index`` to load schemas, ``kio.serial``'s reader
+and writer, and the schemas' own dataclass fields (their annotations and the
+``kafka_type`` and ``tag`` metadata, `schema_fields`) for everything else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import struct
+import types
+import typing
 
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -31,14 +38,6 @@ from kio.schema.index import api_key_map
 from kio.schema.index import schema_name_map
 from kio.serial import entity_reader
 from kio.serial import entity_writer
-from kio.serial._introspect import EntityField
-from kio.serial._introspect import EntityTupleField
-from kio.serial._introspect import PrimitiveField
-from kio.serial._introspect import PrimitiveTupleField
-from kio.serial._introspect import classify_field
-from kio.serial._introspect import get_field_tag
-from kio.serial._introspect import get_schema_field_type
-from kio.serial._introspect import is_optional
 
 from .apis import ApiKey
 from .errors import DecodeError
@@ -62,12 +61,17 @@ __all__ = (
     "decode_request_frame",
     "decode_response",
     "decode_response_frame",
+    "encode_payload",
     "encode_request",
     "encode_response",
     "kio_versions",
+    "make_entity",
+    "nested_entities",
     "preload",
     "request_schema",
     "response_schema",
+    "schema_fields",
+    "SchemaField",
 )
 
 
@@ -116,6 +120,76 @@ def request_schema(api_key: int, api_version: int) -> type:
 
 def response_schema(api_key: int, api_version: int) -> type:
     return _schema(load_response_schema, api_key, api_version)
+
+
+# --- schema fields, from the dataclasses kio generates -------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaField:
+    """One field of a kio schema, as its dataclass field declares it: the annotation
+    (nullable, a tuple for an array, a dataclass for a nested entity) and the metadata
+    (``kafka_type`` of a primitive, ``tag`` of a tagged field)."""
+
+    name: str
+    kafka_type: str | None
+    """The primitive's Kafka type ("int32", "string", "records", ...); None for an entity."""
+    entity: type | None
+    """The nested entity's class; None for a primitive."""
+    array: bool
+    nullable: bool
+    """The field itself may be null (for an array: the whole array)."""
+    tag: int | None
+    """The tag of a tagged field (flexible versions)."""
+
+
+def _without_none(annotation: Any) -> tuple[Any, bool]:
+    """(the annotation without None, whether None was in it)."""
+    if typing.get_origin(annotation) not in (types.UnionType, typing.Union):
+        return annotation, False
+    args = typing.get_args(annotation)
+    others = [arg for arg in args if arg is not types.NoneType]
+    if len(others) != 1:
+        raise TypeError(f"a union of {annotation} is not a Kafka type")
+    return others[0], len(others) != len(args)
+
+
+@functools.cache
+def schema_fields(schema: type) -> tuple[SchemaField, ...]:
+    """The fields of a kio schema (payload, header or nested entity), in wire order."""
+    out = []
+    for field in fields(schema):
+        annotation, nullable = _without_none(field.type)
+        array = typing.get_origin(annotation) is tuple
+        if array:
+            element, ellipsis = typing.get_args(annotation)
+            if ellipsis is not Ellipsis:
+                raise TypeError(f"{schema.__name__}.{field.name}: {annotation} is not an array")
+            annotation, _ = _without_none(element)
+        entity = annotation if dataclasses.is_dataclass(annotation) else None
+        kafka_type = None if entity is not None else field.metadata.get("kafka_type")
+        if entity is None and not isinstance(kafka_type, str):
+            raise TypeError(f"{schema.__name__}.{field.name}: neither an entity nor a kafka_type")
+        tag = field.metadata.get("tag")
+        out.append(SchemaField(field.name, kafka_type, entity, array, nullable, None if tag is None else int(tag)))
+    return tuple(out)
+
+
+@functools.cache
+def nested_entities(schema: type) -> Mapping[str, type]:
+    """Every entity class a schema nests, at any depth, by class name: the classes a
+    filter needs to build a response of the client's version (ListOffsets' topics and
+    partitions) without importing the module of each version."""
+    found: dict[str, type] = {}
+
+    def visit(entity: type) -> None:
+        for field in schema_fields(entity):
+            if field.entity is not None and field.entity.__name__ not in found:
+                found[field.entity.__name__] = field.entity
+                visit(field.entity)
+
+    visit(schema)
+    return MappingProxyType(found)
 
 
 # --- length check ahead of kio's reader -------------------------------------------
@@ -219,19 +293,14 @@ def _primitive_walk(kafka_type: str, flexible: bool) -> _Walk | int:
     return _legacy_bytes_walk(_INT16 if kafka_type == "string" else _INT32)
 
 
-def _field_walk(field: Any, flexible: bool, is_tag: bool) -> _Walk | int:
-    field_class = classify_field(field)
-    match field_class:
-        case PrimitiveField():
-            return _primitive_walk(get_schema_field_type(field), flexible)
-        case PrimitiveTupleField():
-            return _array_walk(_primitive_walk(get_schema_field_type(field), flexible), flexible)
-        case EntityField(entity_type):
-            # Tagged entities are never null-marked; their presence is the tag (KIP-893).
-            return _entity_walk(entity_type, nullable=not is_tag and is_optional(field))
-        case EntityTupleField(entity_type):
-            return _array_walk(_entity_walk(entity_type), flexible)
-    raise NotImplementedError(f"no length check for field {field.name}")
+def _field_walk(field: SchemaField, flexible: bool) -> _Walk | int:
+    if field.entity is None:
+        assert field.kafka_type is not None
+        element = _primitive_walk(field.kafka_type, flexible)
+    else:
+        # Tagged entities are never null-marked; their presence is the tag (KIP-893).
+        element = _entity_walk(field.entity, nullable=field.nullable and not field.array and field.tag is None)
+    return _array_walk(element, flexible) if field.array else element
 
 
 def _as_walk(step: _Walk | int) -> _Walk:
@@ -243,11 +312,13 @@ def _entity_walk(entity_type: type, nullable: bool = False) -> _Walk:
     flexible = entity_type.__flexible__
     steps: list[_Walk | int] = []
     tagged: dict[int, _Walk] = {}
-    for field in fields(entity_type):
-        tag = get_field_tag(field)
-        step = _field_walk(field, flexible, is_tag=tag is not None)
-        if tag is not None:
-            tagged[tag] = _as_walk(step)
+    for field in schema_fields(entity_type):
+        # Kafka's RequestHeader.json keeps client_id a legacy string in flexible
+        # versions too, so that a broker can read it from any request.
+        legacy = entity_type.__name__ == "RequestHeader" and field.name == "client_id"
+        step = _field_walk(field, flexible and not legacy)
+        if field.tag is not None:
+            tagged[field.tag] = _as_walk(step)
         elif isinstance(step, int) and steps and isinstance(steps[-1], int):
             steps[-1] += step  # adjacent fixed-size fields are one bounds check
         else:
@@ -299,15 +370,16 @@ def _writer(schema: type) -> Callable[[io.BytesIO, Any], None]:
     return entity_writer(schema)
 
 
-def _decode(schema: type, payload: Buffer) -> Any:
+def _decode(schema: type, payload: Buffer, checked: bool = False) -> Any:
     # kio's native reader refuses writable buffers; frames from FrameDecoder are views
     # of a bytearray, so hand it a read-only view of the same memory (no copy).
     view = memoryview(payload).cast("B").toreadonly()
     what = f"{schema.__name__} v{schema.__version__}"
     try:
-        end = _entity_walk(schema)(view, 0, len(view))
-        if end != len(view):
-            raise DecodeError(f"{len(view) - end} bytes after the payload")
+        if not checked:
+            end = _entity_walk(schema)(view, 0, len(view))
+            if end != len(view):
+                raise DecodeError(f"{len(view) - end} bytes after the payload")
         value, size = _reader(schema)(view, 0)
     except DecodeError as e:
         raise DecodeError(f"{what}: {e}") from e
@@ -320,9 +392,17 @@ def _decode(schema: type, payload: Buffer) -> Any:
     return value
 
 
-def decode_request(api_key: int, api_version: int, payload: Buffer) -> Any:
-    """A request payload (the frame body after the request header) as a kio object."""
-    return _decode(request_schema(api_key, api_version), payload)
+def decode_request(api_key: int, api_version: int, payload: Buffer, *, checked: bool = False) -> Any:
+    """A request payload (the frame body after the request header) as a kio object.
+
+    ``checked``: the caller has already walked the payload's whole structure, refusing
+    any array count or length that does not fit the bytes there (as the Fetch session
+    check does), so kio reads it without the length walk. That is safe because the walk
+    only exists to stop kio allocating from a hostile length: once every count is known
+    to fit the payload, what kio allocates is bounded by the payload's size, and kio
+    still refuses bytes left over or missing.
+    """
+    return _decode(request_schema(api_key, api_version), payload, checked)
 
 
 def decode_response(api_key: int, api_version: int, payload: Buffer) -> Any:
@@ -344,6 +424,11 @@ def encode_request(payload: Any, correlation_id: int, client_id: str | None) -> 
     assert header_version is not None, "kio objects always have a schema"
     header = encode_request_header(api_key, api_version, correlation_id, client_id, header_version)
     return _encode(header, payload)
+
+
+def encode_payload(payload: Any) -> bytes:
+    """A kio request or response object as its payload alone, without a header."""
+    return _encode(b"", payload)
 
 
 def encode_response(payload: Any, correlation_id: int) -> bytes:

@@ -8,23 +8,25 @@ through unchanged.
 The connection behaves like a broker's channel:
 
 - Order: requests are dispatched one by one in the order the client sent them. A
-  request an interceptor handles mutes the connection until its response is ready,
-  so nothing the client sent later reaches the broker before the interceptor's own
-  requests do. Requests passed through are pipelined (the broker orders them itself).
+  request that goes through a filter chain mutes the connection until its response
+  is ready, so nothing the client sent later reaches the broker before the filters'
+  own requests do. Requests passed through are pipelined (the broker orders them itself).
   Responses go back in request order (``ResponseOrderer``).
 - Backpressure: the proxy stops reading a client while a request waits to be
   dispatched, while more than ``max.pending.response.bytes.per.connection`` of
   responses are unsent to it, while ``max.in.flight.requests.per.connection``
   requests are unanswered, or while the broker is not reading. A client that does
   not read its responses therefore holds at most one response beyond that bound.
-- Limits: ``socket.request.max.bytes`` per frame, ``sasl.server.max.receive.size``
-  and only SASL requests until a SASL listener's authentication completed
-  (``SaslGate``), ``connections.max.idle.ms`` and ``request.receive.timeout.ms``
-  (checked by the server, ``check_timeouts``).
+- Limits: the frame bound and the requests allowed are the authentication gate's
+  (``socket.request.max.bytes``; on a SASL listener ``sasl.server.max.receive.size``
+  and only SASL requests until authentication completed), ``connections.max.idle.ms``
+  and ``request.receive.timeout.ms`` (checked by the server, ``check_timeouts``).
 
-Both sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder. A
-forwarded request is never decoded; its header is peeked for the API key, version
-and correlation id.
+Nothing here is specific to an API: a request whose API key and version have filters
+goes through their chain (``proxy.filters``), every other one is forwarded as an
+opaque frame whose header is peeked for the API key, version and correlation id; the
+wire says whether a response will come (``protocol.acks``). Both sides are asyncio
+Protocols: ``data_received`` only feeds a FrameDecoder.
 """
 
 from __future__ import annotations
@@ -36,11 +38,10 @@ import socket
 import struct
 import time
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tierproxy.protocol.apis import ApiKey
-from tierproxy.protocol.codecs import encode_response
+from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.errors import DecodeError, FrameError, ProtocolError
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import (
@@ -48,23 +49,19 @@ from tierproxy.protocol.headers import (
     encode_response_header,
     parse_response_header,
     peek_request_header,
-    read_unsigned_varint,
     response_header_version,
-    skip_tagged_fields,
 )
 
-from .authentication import SaslGate, UnauthenticatedRequest
-from .handlers import ConnectionContext, Interceptor, InvalidRequest
+from .authentication import ResponseObserver, UnauthenticatedRequest, authentication_gate
+from .filters import ClientRequest, ConnectionContext, Filter, InvalidRequest, ProxyServices, Response, run_chain
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
-from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION, SASL_SERVER_MAX_RECEIVE_SIZE, SECURITY_PROTOCOL, SOCKET_REQUEST_MAX_BYTES
+from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from .server import ProxyServer
-
-__all__ = ("ClientConnection", "UpstreamClosed", "produce_acks")
+__all__ = ("ClientConnection", "ConnectionServer", "UpstreamClosed")
 
 log = logging.getLogger(__name__)
 
@@ -73,53 +70,46 @@ WRITE_HIGH_WATER = 1024 * 1024
 # Responses are as large as the client's fetch.max.bytes asks; only the int32 bounds them.
 MAX_RESPONSE_BYTES = 2**31 - 1
 
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
-_PRODUCE_FIRST_FLEXIBLE = 9
 
 
 class UpstreamClosed(ConnectionError):
     """The client's upstream connection is gone; a forward() cannot complete."""
 
 
-def produce_acks(body: memoryview, header: RequestHeader) -> int:
-    """``acks`` of a Produce request (v3+): transactional id, then int16 acks.
+class ConnectionServer(Protocol):
+    """What a client connection needs of the server that accepted it."""
 
-    acks=0 gets no response from the broker, so no response slot may wait for one.
-    """
-    pos = header.header_size
-    end = len(body)
-    flexible = header.flexible
-    if flexible is None:
-        # A version kio does not know: the header's tagged fields were not skipped.
-        flexible = header.api_version >= _PRODUCE_FIRST_FLEXIBLE
-        if flexible:
-            pos = skip_tagged_fields(body, pos, end)
-    if flexible:
-        length_plus_one, pos = read_unsigned_varint(body, pos, end)
-        pos += max(length_plus_one - 1, 0)
-    else:
-        if pos + 2 > end:
-            raise DecodeError("Produce request ends inside its transactional id")
-        (length,) = _INT16.unpack_from(body, pos)
-        pos += 2 + max(length, 0)
-    if pos + 2 > end:
-        raise DecodeError("Produce request ends before acks")
-    return _INT16.unpack_from(body, pos)[0]
+    services: ProxyServices
+
+    def connection_opened(self, connection: ClientConnection) -> str | None:
+        """Admit the connection, or name the limit that refuses it."""
+        ...
+
+    def connection_closed(self, connection: ClientConnection) -> None: ...
+
+    def upstream_addresses(self, node_id: int | None) -> list[tuple[str, int]]:
+        """The broker addresses to try, in order, for a client of this listener."""
+        ...
+
+    async def open_upstream(self, factory: Callable[[], Any], host: str, port: int) -> tuple[Any, Any]:
+        """(transport, protocol) of a new connection to the broker at host:port."""
+        ...
 
 
 class _InFlight:
     """A request sent upstream whose response is awaited, in send order."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "future", "slot")
+    __slots__ = ("api_key", "api_version", "correlation_id", "future", "slot", "observer")
 
-    def __init__(self, correlation_id: int, api_key: int, api_version: int,
-                 slot: ResponseSlot | None, future: asyncio.Future[memoryview] | None) -> None:
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, slot: ResponseSlot | None,
+                 future: asyncio.Future[memoryview] | None, observer: ResponseObserver | None = None) -> None:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
         self.slot = slot  # pass-through: the response goes to the client as is
-        self.future = future  # an interceptor's forward() waits on it
+        self.future = future  # a filter's forward() waits on it
+        self.observer = observer  # the authentication gate's, for the requests it tracks
 
 
 class _Upstream(asyncio.Protocol):
@@ -179,7 +169,7 @@ def _as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
 class ClientConnection(asyncio.Protocol):
     """A client of one proxy listener, paired with its own broker connection."""
 
-    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+    def __init__(self, server: ConnectionServer, node_id: int | None) -> None:
         self.server = server
         self.node_id = node_id
         self.listener = "bootstrap" if node_id is None else f"node-{node_id}"
@@ -188,13 +178,12 @@ class ClientConnection(asyncio.Protocol):
         self.ctx: ConnectionContext | None = None
         services = server.services
         config = services.config
-        self._interceptors = services.interceptors
+        self._filters = services.filters
         self._metrics = services.metrics
         self._max_pending_response_bytes: int = config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION]
         self._max_in_flight: int = config[MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION]
-        self._sasl = SaslGate() if config[SECURITY_PROTOCOL].startswith("SASL_") else None
-        self._decoder = FrameDecoder(
-            config[SOCKET_REQUEST_MAX_BYTES] if self._sasl is None else config[SASL_SERVER_MAX_RECEIVE_SIZE])
+        self._gate = authentication_gate(config)
+        self._decoder = FrameDecoder(self._gate.max_frame_bytes)
         self._client: asyncio.Transport | None = None
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
@@ -202,7 +191,7 @@ class ClientConnection(asyncio.Protocol):
         # Requests read but not dispatched yet: behind a request being handled, or
         # waiting for the client to read its responses.
         self._waiting: collections.deque[memoryview] = collections.deque()
-        self._handling = False  # an interceptor has the connection muted
+        self._handling = False  # a filter chain has the connection muted
         self._client_behind = False  # more unsent responses than the bound
         self._tasks: set[asyncio.Task[Any]] = set()
         self._read_blockers: set[str] = set()
@@ -242,8 +231,8 @@ class ClientConnection(asyncio.Protocol):
                 transport.close()
                 return
             self._upstream = upstream
-            self.ctx = ConnectionContext(
-                peer=self.peer, node_id=self.node_id, broker=(host, port), services=self.server.services)
+            self.ctx = ConnectionContext(peer=self.peer, node_id=self.node_id, broker=(host, port),
+                                         services=self.server.services, forward=self.forward)
             self.unblock_client_reads("connecting to broker")
             self._dispatch_waiting()
             return
@@ -342,12 +331,11 @@ class ClientConnection(asyncio.Protocol):
             self.unblock_client_reads("requests waiting")
 
     def _on_request(self, body: memoryview) -> None:
+        gate = self._gate
         try:
             header = peek_request_header(body)
-            if self._sasl is not None:
-                self._sasl.check_request(header, body)
-            # acks=0: the broker sends no response, so none may be waited for.
-            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+            observer = gate.check_request(header, body)
+            if not expects_response(header, body):  # none may be waited for
                 self._metrics.forwarded(header.api_key)
                 self._send_upstream(encode_frame(body), None)
                 return
@@ -358,22 +346,21 @@ class ClientConnection(asyncio.Protocol):
             self.close(str(e), level=logging.WARNING, label="unauthenticated")
             return
         slot = self._orderer.reserve(header.api_key, header.correlation_id)
-        interceptor = self._interceptors.lookup(header.api_key, header.api_version)
-        if interceptor is None or (self._sasl is not None and not self._sasl.authenticated):
+        chain = self._filters.chain(header.api_key, header.api_version) if gate.authenticated else ()
+        if not chain:
             self._metrics.forwarded(header.api_key)
-            self._send_upstream(
-                encode_frame(body), _InFlight(header.correlation_id, header.api_key, header.api_version, slot, None))
+            self._send_upstream(encode_frame(body), _InFlight(
+                header.correlation_id, header.api_key, header.api_version, slot, None, observer))
         else:
             self._metrics.intercepted(header.api_key)
             self._handling = True
-            self._spawn(self._intercept(interceptor, header, body, slot))
+            self._spawn(self._filter(chain, header, body, slot))
 
-    async def _intercept(
-        self, interceptor: Interceptor, header: RequestHeader, body: memoryview, slot: ResponseSlot
-    ) -> None:
+    async def _filter(self, chain: tuple[Filter, ...], header: RequestHeader, body: memoryview,
+                      slot: ResponseSlot) -> None:
         assert self.ctx is not None, "requests are handled only once the broker connection exists"
         try:
-            response = await interceptor.handle(self.ctx, header, body, self.forward)
+            response = await run_chain(chain, self.ctx, ClientRequest(header, body))
             parts = self._response_frame(header, response)
         except UpstreamClosed:
             return  # the connection is closing; its log line says why
@@ -382,9 +369,10 @@ class ClientConnection(asyncio.Protocol):
                        f"(correlation id {header.correlation_id}): {e}", level=logging.WARNING, label="bad_request")
             return
         except Exception as e:
-            log.exception("client %s (%s): %r failed on %s v%d (correlation id %d)", self.peer, self.listener,
-                          interceptor, api_name(header.api_key), header.api_version, header.correlation_id)
-            self.close(f"{type(interceptor).__name__} failed: {type(e).__name__}: {e}", level=logging.ERROR)
+            names = ", ".join(map(repr, chain))
+            log.exception("client %s (%s): the filters %s failed on %s v%d (correlation id %d)", self.peer,
+                          self.listener, names, api_name(header.api_key), header.api_version, header.correlation_id)
+            self.close(f"{names} failed: {type(e).__name__}: {e}", level=logging.ERROR)
             return
         if self._closed:
             return
@@ -392,16 +380,15 @@ class ClientConnection(asyncio.Protocol):
         self._orderer.complete(slot, parts)
         self._dispatch_waiting()
 
-    def _response_frame(self, header: RequestHeader, response: Any) -> list[Buffer]:
-        if hasattr(response, "__api_key__"):  # a kio response object
-            if (response.__api_key__, response.__version__) != (header.api_key, header.api_version):
-                raise TypeError(f"{type(response).__name__} v{response.__version__} answers "
-                                f"{api_name(header.api_key)} v{header.api_version}")
-            return encode_frame(encode_response(response, header.correlation_id))
+    @staticmethod
+    def _response_frame(header: RequestHeader, response: Response) -> list[Buffer]:
+        if (response.api_key, response.api_version) != (header.api_key, header.api_version):
+            raise TypeError(f"a {api_name(response.api_key)} v{response.api_version} response answers "
+                            f"{api_name(header.api_key)} v{header.api_version}")
         header_version = response_header_version(header.api_key, header.api_version)
         if header_version is None:
             raise TypeError(f"no response header version for {api_name(header.api_key)} v{header.api_version}")
-        return encode_frame(encode_response_header(header.correlation_id, header_version), *_as_parts(response))
+        return encode_frame(encode_response_header(header.correlation_id, header_version), *response.parts)
 
     async def forward(self, request: Buffer | Sequence[Buffer]) -> memoryview:
         """Send a request frame body upstream; return the broker's response payload."""
@@ -442,10 +429,13 @@ class ClientConnection(asyncio.Protocol):
                        f"({api_name(in_flight.api_key)})", level=logging.ERROR)
             return
         if in_flight.slot is not None:
-            if in_flight.api_key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
-                self._on_authenticate_response(in_flight.api_version, body)
-                if self._closed:
+            if in_flight.observer is not None:
+                try:
+                    in_flight.observer(body)
+                except ProtocolError as e:
+                    self.close(f"bad {api_name(in_flight.api_key)} response from broker: {e}", level=logging.ERROR)
                     return
+                self._decoder.max_frame_bytes = self._gate.max_frame_bytes
             self._orderer.complete(in_flight.slot, encode_frame(body))
             return
         future = in_flight.future
@@ -462,14 +452,6 @@ class ClientConnection(asyncio.Protocol):
             future.set_exception(e)
             return
         future.set_result(body[offset:])
-
-    def _on_authenticate_response(self, api_version: int, body: memoryview) -> None:
-        assert self._sasl is not None
-        try:
-            if self._sasl.on_authenticate_response(api_version, body):
-                self._decoder.max_frame_bytes = self.server.services.config[SOCKET_REQUEST_MAX_BYTES]
-        except ProtocolError as e:
-            self.close(f"bad SaslAuthenticate response from broker: {e}", level=logging.ERROR)
 
     def _write_client(self, parts: Sequence[Buffer]) -> None:
         client = self._client

@@ -1,6 +1,6 @@
-"""The proxy as one running service: interceptors, listeners and the metrics endpoint,
+"""The proxy as one running service: filters, listeners and the metrics endpoint,
 until stopped. On stop the listeners close, every client connection is closed and the
-interceptors are stopped."""
+filters are stopped."""
 
 from __future__ import annotations
 
@@ -11,34 +11,35 @@ import signal
 from tierproxy.config import Config, METRICS_PORT, PROXY_LISTENER_HOST
 from tierproxy.protocol.codecs import preload
 
-from .handlers import InterceptorRegistry
-from .handlers.addresses import address_rewriters
-from .handlers.api_versions import ApiVersionsInterceptor
-from .handlers.fetch import FetchInterceptor
-from .handlers.list_offsets import ListOffsetsInterceptor
+from .filters import FilterChains
+from .filters.addresses import BrokerAddressFilter
+from .filters.api_versions import ApiVersionsFilter
+from .filters.fetch import FetchFilter
+from .filters.list_offsets import ListOffsetsFilter
 from .metrics import ProxyMetrics, metrics_endpoint
 from .server import ProxyServer
 
-__all__ = ("build_interceptors", "serve")
+__all__ = ("build_filters", "serve")
 
 log = logging.getLogger("tierproxy")
 
 
-def build_interceptors(config: Config, metrics: ProxyMetrics, *, worker: bool = False) -> InterceptorRegistry:
-    """Every API the proxy intercepts; everything else passes through untouched.
+def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False) -> FilterChains:
+    """The proxy's filters in chain order; requests of other APIs pass through untouched.
 
-    The Fetch handler rewrites node endpoints itself. Fetch and ListOffsets share one
-    remote tier, started and closed with the Fetch handler; its metrics join the
+    The address filter comes first, so it is the last to see a response: Fetch's, built
+    from the broker and the remote tier, reaches it like any other. Fetch and ListOffsets
+    share one remote tier, started and closed with the Fetch filter; its metrics join the
     proxy's registry. A `worker` shares the on-disk index cache with the other workers.
     """
     from .tiered import RemoteTier
 
     tier = RemoteTier(config, registry=metrics.registry, shared_index_dir=worker)
-    return InterceptorRegistry([
-        ApiVersionsInterceptor(),
-        *address_rewriters(fetch=False),
-        FetchInterceptor(tier),
-        ListOffsetsInterceptor(tier),
+    return FilterChains([
+        BrokerAddressFilter(),
+        ApiVersionsFilter(),
+        FetchFilter(tier),
+        ListOffsetsFilter(tier),
     ])
 
 
@@ -52,7 +53,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
             loop.add_signal_handler(signum, stop.set)
     preload()  # the codecs of the intercepted APIs, before the first client needs them
     metrics = ProxyMetrics()
-    server = ProxyServer(config, build_interceptors(config, metrics, worker=worker), metrics, reuse_port=worker)
+    server = ProxyServer(config, build_filters(config, metrics, worker=worker), metrics, reuse_port=worker)
     http = None
     try:
         await server.start()

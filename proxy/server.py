@@ -36,7 +36,7 @@ from tierproxy.protocol.errors import ProtocolError
 from tierproxy.protocol.requests import metadata_request
 
 from .client_connection import ClientConnection
-from .handlers import InterceptorRegistry, ProxyServices
+from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
 from .tls import listener_ssl_context
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class ProxyServer:
     """Listeners, the broker node directory, and the open client connections."""
 
-    def __init__(self, config: Config, interceptors: InterceptorRegistry | None = None,
+    def __init__(self, config: Config, filters: FilterChains | None = None,
                  metrics: ProxyMetrics | None = None, *, reuse_port: bool = False) -> None:
         self.config = config
         # Several worker processes listen on the same ports; alone, a taken port is an error.
@@ -57,7 +57,7 @@ class ProxyServer:
             config=config,
             metrics=metrics if metrics is not None else ProxyMetrics(),
             nodes=self,
-            interceptors=interceptors if interceptors is not None else InterceptorRegistry(),
+            filters=filters if filters is not None else FilterChains(),
         )
         self._listener_ssl = listener_ssl_context(config)
         # The proxy's own connections authenticate as tierproxy; a client's upstream
@@ -85,9 +85,9 @@ class ProxyServer:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def start(self, *, discover: bool = True) -> None:
-        """Start the interceptors and the bootstrap listener; with ``discover``, also
-        ask a broker for the cluster's nodes and open their listeners."""
-        await self.services.interceptors.start()
+        """Start the filters and the bootstrap listener; with ``discover``, also ask a
+        broker for the cluster's nodes and open their listeners."""
+        await self.services.filters.start()
         self._started = True
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._servers[None] = await self._listen(None, self.config[PROXY_BOOTSTRAP_PORT])
@@ -108,7 +108,7 @@ class ProxyServer:
             await server.wait_closed()
         if self._started:
             self._started = False
-            await self.services.interceptors.close()
+            await self.services.filters.close()
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()

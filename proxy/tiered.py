@@ -1,4 +1,4 @@
-"""The remote tier as the proxy's handlers share it: storage, metadata, the read engine,
+"""The remote tier as the proxy's filters share it: storage, metadata, the read engine,
 and the Kafka error code that stands for TIERED_STORAGE_NOT_AVAILABLE.
 
 Kafka never shipped a wire code named TIERED_STORAGE_NOT_AVAILABLE; it answers a failed
@@ -48,15 +48,14 @@ class RemoteTier:
         self.metrics = RemoteMetrics(registry) if registry is not None else RemoteMetrics()
         self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics,
                                                    shared_index_dir=shared_index_dir)
-        if hasattr(self.rsm, "observe_request"):  # object stores report every request
-            self.rsm.observe_request = self.metrics.store_request
+        self.rsm.observe_requests(self.metrics.store_request)
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
         self._refresher: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.rlmm.start()
         await self.engine.start()
-        if hasattr(self.rlmm, "refresh"):
+        if self.rlmm.needs_refresh:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_metadata())
 
     async def close(self) -> None:

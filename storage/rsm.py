@@ -127,6 +127,11 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
+        """Report each request this manager sends to its store to `observer`, as
+        (operation, seconds, succeeded). A manager without requests of its own to
+        report ignores it."""
+
     async def __aenter__(self) -> RemoteStorageManager:
         return self
 
@@ -149,6 +154,9 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # Fetches of one segment come in runs (sequential reads of a partition):
         # caching its manifest saves a round trip to the store per fetch.
         self._manifests: LRUCache[RemoteLogSegmentId, Manifest] = LRUCache(maxsize=manifest_cache_size)
+
+    def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
+        self.observe_request = observer
 
     # -- primitives -------------------------------------------------------------
 

@@ -64,6 +64,17 @@ class RemoteLogMetadataManager(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    @property
+    def needs_refresh(self) -> bool:
+        """True when other processes write the store this manager reads and it sees
+        their records only when `refresh` is called (a file read by the proxy); a
+        backend that follows its store by itself (the topic's consumer) says False."""
+        return False
+
+    async def refresh(self) -> int:
+        """Applies the records other processes added since the last call; returns how many."""
+        return 0
+
     async def __aenter__(self) -> RemoteLogMetadataManager:
         await self.start()
         return self

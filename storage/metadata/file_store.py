@@ -156,6 +156,10 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._position += end
         return len(records)
 
+    @property
+    def needs_refresh(self) -> bool:
+        return self.read_only or self.shared
+
     async def refresh(self) -> int:
         """Read-only and shared instances: applies entries another process appended; returns how many."""
         if self._fd is not None and not self.shared:

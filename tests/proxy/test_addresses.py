@@ -27,7 +27,7 @@ from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import encode_request_header, parse_response_header
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.proxy.metrics import ProxyMetrics
-from tierproxy.proxy.serve import build_interceptors
+from tierproxy.proxy.serve import build_filters
 from tierproxy.config.addresses import parse_host_port
 from tests.proxy.test_passthrough import (
     ProxyThread,
@@ -115,13 +115,14 @@ async def test_api_versions_caps_intercepted_apis_at_what_the_proxy_handles(kafk
     async with await _open(proxy3) as connection:
         proxied = {a.api_key: (a.min_version, a.max_version) for a in (await connection.request(request)).api_keys}
     assert proxied.keys() == broker.keys()
-    registry = build_interceptors(proxy3.config, ProxyMetrics())
+    filters = build_filters(proxy3.config, ProxyMetrics())
     for api_key, (low, high) in broker.items():
-        interceptor = registry.get(api_key)
-        if interceptor is None:  # pass-through APIs: exactly the broker's versions
+        handling = filters.filters_of(api_key)
+        if not handling:  # pass-through APIs: exactly the broker's versions
             assert proxied[api_key] == (low, high), ApiKey(api_key).name
-        else:
-            assert proxied[api_key] == (low, min(high, interceptor.versions.stop - 1)), ApiKey(api_key).name
+        else:  # no newer version than every filter of the API can read
+            top = min(f.apis[api_key].stop - 1 for f in handling)
+            assert proxied[api_key] == (low, min(high, top)), ApiKey(api_key).name
     for api_key in INTERCEPTED:
         assert proxied[api_key][1] <= INTERCEPTED[api_key].stop - 1
 

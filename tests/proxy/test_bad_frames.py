@@ -24,7 +24,7 @@ from tierproxy.client.connection import KafkaConnection
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.config.addresses import parse_host_port
 from tierproxy.proxy.server import ProxyServer
-from tierproxy.proxy.serve import build_interceptors
+from tierproxy.proxy.serve import build_filters
 from testbed.ports import free_port
 from tests.proxy.test_passthrough import proxy_config
 
@@ -61,7 +61,7 @@ def _with_proxy(run: Callable[[Coroutine[Any, Any, None]], None], bootstrap: str
 
     async def main() -> None:
         config = proxy_config(bootstrap, 1, **overrides)
-        async with ProxyServer(config, build_interceptors(config, metrics), metrics) as server:
+        async with ProxyServer(config, build_filters(config, metrics), metrics) as server:
             await body(server)
 
     run(main())

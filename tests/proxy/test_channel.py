@@ -89,7 +89,7 @@ def test_malformed_request_is_one_warning_per_connection(kafka_cluster, proxy, c
                 sock.sendall(frame(body))
                 assert closed_by_peer(sock)
         time.sleep(0.2)
-    lines = [r for r in caplog.records if r.name.startswith("proxy") and r.levelno >= logging.WARNING]
+    lines = [r for r in caplog.records if r.name.startswith("tierproxy.proxy") and r.levelno >= logging.WARNING]
     assert len(lines) == 10, [r.getMessage() for r in lines]
     for record in lines:
         assert record.levelno == logging.WARNING and record.exc_info is None

@@ -19,7 +19,7 @@ from kio.schema.fetch.v12 import request as fetch
 from kio.static.primitive import i8, i32, i64
 
 from tierproxy.client.connection import KafkaConnection
-from tierproxy.protocol.apis import ErrorCode
+from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import milliseconds
 from tierproxy.storage.local import LocalRemoteStorageManager
@@ -215,12 +215,16 @@ async def test_session_errors_from_the_broker_pass_through(proxy, tiered):
 
 
 async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monkeypatch):
-    import tierproxy.proxy.handlers.fetch as fetch_handler
+    import tierproxy.proxy.filters.messages as messages
 
     decoded = []
-    original = fetch_handler.decode_client_request
-    monkeypatch.setattr(fetch_handler, "decode_client_request",
-                        lambda *args: decoded.append(args) or original(*args))
+    original = messages.decode_request
+
+    def decode_request(api_key, api_version, payload, *, checked=False):
+        decoded.append((api_key, checked))
+        return original(api_key, api_version, payload, checked=checked)
+
+    monkeypatch.setattr(messages, "decode_request", decode_request)
     local = {p: tiered.boundary[p] for p in (0, 1)}
     async with connection(proxy) as conn:
         opened = await conn.request(session_fetch(tiered.topic, local, session_id=0, epoch=0))
@@ -231,4 +235,5 @@ async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monk
         # A remote position is decoded (the proxy must answer it).
         remote = await conn.request(session_fetch(tiered.topic, {0: 0}, session_id=0, epoch=-1))
         assert answered(remote)[0].records
-    assert len(decoded) == 1
+    # Once, and without a second length walk: the session check bounded every length.
+    assert decoded == [(ApiKey.FETCH, True)]

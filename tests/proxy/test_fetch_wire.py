@@ -4,7 +4,10 @@ version the proxy intercepts."""
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +27,7 @@ from tierproxy.protocol.codecs import (
 )
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
-from tierproxy.proxy.handlers.fetch_wire import (
+from tierproxy.proxy.filters.fetch_wire import (
     SESSIONLESS,
     RemotePartition,
     encode_fetch_response,
@@ -178,3 +181,53 @@ def test_request_session_reads_every_version_and_refuses_every_truncation(versio
     for length in range(len(body)):
         with pytest.raises(DecodeError):
             request_session(body[:length], version)
+
+
+_CHECKED_DECODE = """
+import random, sys
+from tierproxy.protocol.codecs import INTERCEPTED, decode_request
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.proxy.filters.fetch_wire import request_session
+from tests.proxy.test_fetch_wire import _request_body
+
+def outcome(body, version, checked):
+    try:
+        return decode_request(1, version, body, checked=checked)
+    except DecodeError:
+        return DecodeError
+
+rng = random.Random(405)
+accepted = agreed = 0
+for version in INTERCEPTED[1]:
+    original = bytes(_request_body(version, 1234, 5))
+    for _ in range(300):
+        body = bytearray(original)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(body) + 1)
+            op = rng.random()
+            if op < 0.5 and at < len(body):
+                body[at] = rng.choice((0x00, 0x7F, 0x80, 0xFF, rng.getrandbits(8)))
+            elif op < 0.7:
+                del body[at:]
+            else:
+                body[at:at] = rng.randbytes(rng.randint(1, 6))
+        try:
+            request_session(bytes(body), version)
+        except DecodeError:
+            continue
+        accepted += 1
+        agreed += outcome(bytes(body), version, True) == outcome(bytes(body), version, False)
+print(accepted, agreed)
+"""
+
+
+def test_requests_the_session_check_accepts_decode_alike_without_the_length_walk():
+    """kio decodes a Fetch request without codecs' length walk once `request_session`
+    has walked it. If the session check let a hostile length through, kio would
+    allocate from it and abort the process: the mutated requests run in a child."""
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", _CHECKED_DECODE], capture_output=True, text=True, timeout=300,
+                            cwd=repo)
+    assert result.returncode == 0, result.stderr[-2000:]
+    accepted, agreed = map(int, result.stdout.split())
+    assert accepted > 100 and agreed == accepted

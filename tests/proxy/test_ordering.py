@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import uvloop
 
+from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import encode_request_header, peek_request_header
-from tierproxy.proxy.client_connection import produce_acks
-from tierproxy.proxy.handlers import ConnectionContext, Forward, Interceptor, InterceptorRegistry
+from tierproxy.proxy.filters import CallNext, ClientRequest, ConnectionContext, Filter, FilterChains, Response
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.ordering import ResponseOrderer
 from tierproxy.config.addresses import parse_host_port
@@ -59,7 +59,7 @@ class FakeBroker(asyncio.Protocol):
         for body in self.decoder.feed(data):
             header = peek_request_header(body)
             FakeBroker.seen.append(header.correlation_id)
-            if header.api_key == ApiKey.PRODUCE and produce_acks(body, header) == 0:
+            if not expects_response(header, body):
                 continue
             self.queue.put_nowait(header.correlation_id)
 
@@ -73,22 +73,20 @@ class FakeBroker(asyncio.Protocol):
         self.task.cancel()
 
 
-class SlowListOffsets(Interceptor):
+class SlowListOffsets(Filter):
     """Forwards, then takes a long time (as a remote read would) before answering."""
 
-    api_key = ApiKey.LIST_OFFSETS
-    versions = range(1, 2)
+    apis = {ApiKey.LIST_OFFSETS: range(1, 2)}
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
 
-    async def handle(self, ctx: ConnectionContext, header: Any, frame_body: memoryview, forward: Forward) -> Any:
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
         if self.fail:
             raise RuntimeError("remote storage exploded")
-        payload = await forward(frame_body)
+        payload = (await call_next(request)).payload
         await asyncio.sleep(0.3)
-        ctx.state["handled"] = ctx.state.get("handled", 0) + 1
-        return [b"slow:", bytes(payload)]
+        return Response.encoded(request.api_key, request.api_version, [b"slow:", bytes(payload)])
 
 
 def _request(api_key: int, version: int, correlation_id: int, payload: bytes = b"") -> list[bytes]:
@@ -110,7 +108,7 @@ async def _read_responses(reader: asyncio.StreamReader, count: int) -> list[byte
     return out
 
 
-def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], interceptor: Interceptor,
+def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_: Filter,
                       body: Callable[[ProxyServer], Coroutine[Any, Any, None]]) -> None:
     FakeBroker.seen = []
 
@@ -118,7 +116,7 @@ def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], intercep
         broker = await asyncio.get_running_loop().create_server(FakeBroker, "127.0.0.1", 0)
         port = broker.sockets[0].getsockname()[1]
         config = proxy_config(f"127.0.0.1:{port}", 1)
-        server = ProxyServer(config, InterceptorRegistry([interceptor]), ProxyMetrics())
+        server = ProxyServer(config, FilterChains([filter_]), ProxyMetrics())
         try:
             await server.start(discover=False)  # the fake broker knows no Metadata
             await body(server)
@@ -162,19 +160,18 @@ def test_responses_come_back_in_request_order(run):
     _with_fake_broker(run, SlowListOffsets(), body)
 
 
-class QueryingListOffsets(Interceptor):
+class QueryingListOffsets(Filter):
     """Forwards the client's request, then later asks the broker something of its own,
-    as the Fetch handler asks for a partition's log start offset."""
+    as the Fetch filter asks for a partition's log start offset."""
 
-    api_key = ApiKey.LIST_OFFSETS
-    versions = range(1, 2)
+    apis = {ApiKey.LIST_OFFSETS: range(1, 2)}
 
-    async def handle(self, ctx: ConnectionContext, header: Any, frame_body: memoryview, forward: Forward) -> Any:
-        payload = await forward(frame_body)
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
+        payload = (await call_next(request)).payload
         await asyncio.sleep(0.1)
-        query = encode_request_header(ApiKey.METADATA, 1, -header.correlation_id, "ordering-test", 1)
-        await forward(query)
-        return [b"queried:", bytes(payload)]
+        query = encode_request_header(ApiKey.METADATA, 1, -request.header.correlation_id, "ordering-test", 1)
+        await ctx.forward(query)
+        return Response.encoded(request.api_key, request.api_version, [b"queried:", bytes(payload)])
 
 
 @RUNNERS
@@ -194,7 +191,7 @@ def test_requests_behind_an_intercepted_one_reach_the_broker_after_its_own_queri
 
 
 @RUNNERS
-def test_failing_interceptor_closes_only_its_connection(run, caplog):
+def test_failing_filter_closes_only_its_connection(run, caplog):
     async def body(server: ProxyServer) -> None:
         host, port = parse_host_port(server.bootstrap_servers)
         bad_reader, bad_writer = await asyncio.open_connection(host, port)

@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, Producer
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.config import Config, parse
 from tierproxy.proxy.metrics import ProxyMetrics
-from tierproxy.proxy.serve import build_interceptors
+from tierproxy.proxy.serve import build_filters
 from tierproxy.config.addresses import parse_host_port
 from tierproxy.proxy.server import ProxyServer
 from testbed.ports import free_ports
@@ -102,7 +102,7 @@ class ProxyThread:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            server = ProxyServer(self.config, build_interceptors(self.config, self.metrics), self.metrics)
+            server = ProxyServer(self.config, build_filters(self.config, self.metrics), self.metrics)
             try:
                 await server.start(discover=self.discover)
                 self.server = server

@@ -34,7 +34,7 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from tierproxy.proxy.handlers.broker_queries import OFFSETS_MAX_AGE_S
+from tierproxy.proxy.filters.tiered_state import OFFSETS_MAX_AGE_S
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.client.connection import KafkaConnection

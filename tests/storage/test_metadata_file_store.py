@@ -127,6 +127,9 @@ async def test_one_writer_and_read_only_followers(tmp_path):
             await FileRemoteLogMetadataManager(tmp_path).start()
         async with FileRemoteLogMetadataManager(tmp_path, read_only=True) as reader:
             assert reader.list_segments(TP) == []
+            # Only a follower has to be told to look for another process's appends.
+            assert reader.needs_refresh and not writer.needs_refresh
+            assert await writer.refresh() == 0
             a = segment(0, 99, [(0, 0)])
             await copy(writer, a)
             with open(tmp_path / LOG_FILE_NAME, "ab") as f:  # a writer half-way through an append
@@ -155,6 +158,7 @@ async def test_shared_writers_see_each_other_and_keep_one_valid_file(tmp_path):
                 RemoteLogSegmentMetadataUpdate(a.segment_id, 9, S.DELETE_SEGMENT_FINISHED, 1))
         with pytest.raises(DuplicateSegment):
             await one.add_remote_log_segment_metadata(b)
+        assert one.needs_refresh and two.needs_refresh
         await one.refresh()
         assert state_of(one) == state_of(two)
         assert one.log_end_offset(TP) == 99

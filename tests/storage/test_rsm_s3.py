@@ -77,6 +77,18 @@ class TestS3RemoteStorageManager(RemoteStorageManagerContract):
         return await asyncio.to_thread(read)
 
 
+async def test_every_request_to_the_store_is_reported(s3_server: S3Server, tmp_path: Path) -> None:
+    seen: list[tuple[str, bool]] = []
+    segment = make_segment(tmp_path)
+    async with manager(s3_server) as rsm:
+        rsm.observe_requests(lambda operation, seconds, ok: seen.append((operation, ok)))
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        copied = len(seen)
+        await read_all(rsm, segment.metadata, 0, 99)
+    assert copied > 0 and all(ok for _, ok in seen)
+    assert len(seen) > copied  # the read reported its own requests too
+
+
 async def test_large_segment_goes_up_in_parts(s3_server: S3Server, tmp_path: Path) -> None:
     segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
     async with manager(s3_server) as rsm:

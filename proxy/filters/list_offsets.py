@@ -21,21 +21,22 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+from types import MappingProxyType
 from typing import Any
 
 from kio.static.primitive import i32, i64
 
 from tierproxy.protocol.apis import ApiKey, ErrorCode, OffsetSpec
-from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, make_entity
+from tierproxy.protocol.codecs import INTERCEPTED, make_entity, nested_entities
 from tierproxy.protocol.codecs import request_schema, response_schema
-from tierproxy.protocol.headers import RequestHeader
 from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
 from tierproxy.storage.model import TopicIdPartition
 
 from ..tiered import RemoteTier
-from . import ConnectionContext, Forward, Interceptor, Response, decode_client_request
-from .api_versions import BROKER_VERSIONS_KEY
-from .broker_queries import BrokerQueries, connection_state
+from .chain import CallNext, Filter
+from .context import ConnectionContext
+from .messages import ClientRequest, Response
+from .tiered_state import broker_queries
 
 log = logging.getLogger("tierproxy.list_offsets")
 
@@ -43,23 +44,20 @@ log = logging.getLogger("tierproxy.list_offsets")
 _TIERED_VERSION = OffsetSpec.LATEST_TIERED_TIMESTAMP.min_version
 
 
-class ListOffsetsInterceptor(Interceptor):
-    api_key = ApiKey.LIST_OFFSETS
-    versions = INTERCEPTED[ApiKey.LIST_OFFSETS]
+class ListOffsetsFilter(Filter):
+    apis = MappingProxyType({ApiKey.LIST_OFFSETS: INTERCEPTED[ApiKey.LIST_OFFSETS]})
 
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
 
-    def advertised_versions(self, broker_min: int, broker_max: int) -> tuple[int, int]:
-        top = self.versions.stop - 1
-        return max(broker_min, self.versions.start), min(max(broker_max, _TIERED_VERSION), top)
+    def advertised_versions(self, api_key: int, broker_min: int, broker_max: int) -> tuple[int, int]:
+        versions = self.apis[api_key]
+        return max(broker_min, versions.start), min(max(broker_max, _TIERED_VERSION), versions.stop - 1)
 
-    async def handle(
-        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
-    ) -> Response:
-        version = header.api_version
-        request = decode_client_request(header, frame_body)
-        broker_max = ctx.state.get(BROKER_VERSIONS_KEY, {}).get(ApiKey.LIST_OFFSETS, (0, version))[1]
+    async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
+        version = client_request.api_version
+        request = client_request.body
+        broker_max = ctx.broker_api_versions.get(ApiKey.LIST_OFFSETS, (0, version))[1]
         send_version = min(version, broker_max)
 
         unsupported: set[tuple[str, int]] = set()
@@ -83,21 +81,20 @@ class ListOffsetsInterceptor(Interceptor):
             name in remote_names and spec != OffsetSpec.LATEST for (name, _), spec in asked.items()
         )
         if not unsupported and not needs_remote and send_version == version and not _translated(asked, send_version):
-            return await forward(frame_body)  # nothing for the proxy to add
+            return await call_next(client_request)  # nothing for the proxy to add
 
         answers: dict[tuple[str, int], Any] = {}
         if topics:
             forwarded = _convert(request_schema(ApiKey.LIST_OFFSETS, send_version), request, topics=tuple(topics))
-            payload = await forward(encode_request(forwarded, header.correlation_id, header.client_id))
-            response = decode_response(ApiKey.LIST_OFFSETS, send_version, payload)
+            response = (await call_next(client_request.replaced(forwarded))).body
             answers = {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
         topic_ids: dict[str, Any] = {}
         if needs_remote:
-            queries = BrokerQueries(header, forward, connection_state(ctx.state), self.tier.metrics)
-            topic_ids = await queries.topic_ids({name for name, _ in asked if name in remote_names})
+            queries = broker_queries(ctx, client_request.header.client_id, self.tier.metrics)
+            topic_ids = await ctx.tiered.known_topic_ids(queries, {name for name, _ in asked if name in remote_names})
 
         schema = response_schema(ApiKey.LIST_OFFSETS, version)
-        module = __import__(schema.__module__, fromlist=["ListOffsetsPartitionResponse"])
+        entities = nested_entities(schema)
         out_topics = []
         for topic in request.topics:
             partitions = []
@@ -109,12 +106,12 @@ class ListOffsetsInterceptor(Interceptor):
                 else:
                     answer = await self._answer(key, asked[key], answers.get(key), topic_ids.get(topic.name))
                 partitions.append(
-                    make_entity(module.ListOffsetsPartitionResponse, partition_index=partition.partition_index,
+                    make_entity(entities["ListOffsetsPartitionResponse"], partition_index=partition.partition_index,
                                 **_typed(answer))
                 )
-            out_topics.append(make_entity(module.ListOffsetsTopicResponse, name=topic.name,
+            out_topics.append(make_entity(entities["ListOffsetsTopicResponse"], name=topic.name,
                                           partitions=tuple(partitions)))
-        return make_entity(schema, throttle_time=datetime.timedelta(0), topics=tuple(out_topics))
+        return Response.of(make_entity(schema, throttle_time=datetime.timedelta(0), topics=tuple(out_topics)))
 
     async def _answer(self, key: tuple[str, int], spec: int, broker: Any, topic_id: Any) -> dict[str, Any]:
         if broker is None:
@@ -176,13 +173,13 @@ def _translated(asked: dict[tuple[str, int], int], version: int) -> bool:
 
 def _convert(schema: type, entity: Any, **changes: Any) -> Any:
     """`entity` as another version of its schema (fields that version lacks are dropped)."""
-    module = __import__(schema.__module__, fromlist=["ListOffsetsTopic"])
+    entities = nested_entities(schema)
     values = {f.name: getattr(entity, f.name) for f in dataclasses.fields(entity)}
     values.update(changes)
     if "topics" in values:
         values["topics"] = tuple(
-            make_entity(module.ListOffsetsTopic, name=t.name, partitions=tuple(
-                make_entity(module.ListOffsetsPartition, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+            make_entity(entities["ListOffsetsTopic"], name=t.name, partitions=tuple(
+                make_entity(entities["ListOffsetsPartition"], **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
                 for p in t.partitions))
             for t in values["topics"]
         )

@@ -33,11 +33,16 @@ remotely without asking the broker, the broker is asked for the rest without wai
 only if remote and local bytes together stay under `min_bytes` is it asked again,
 for what is left of `max_wait_ms`.
 
-The broker's response is never decoded by kio unless it names brokers (node endpoints,
-v16+): a scan of its partitions' error codes tells whether any is OFFSET_OUT_OF_RANGE,
-and if none is, it goes back as it came. A merged response is written as buffers: the
-broker's partitions as slices of its payload, remote records as the reader's slices
-(`fetch_wire`).
+The broker's response is never decoded by kio: a scan of its partitions' error codes
+tells whether any is OFFSET_OUT_OF_RANGE, and if none is, it goes back as it came. A
+merged response is written as buffers: the broker's partitions as slices of its payload,
+remote records as the reader's slices (`fetch_wire`). Either way the response carries
+what the scan found of its top-level tagged fields, where node endpoints (v16+) would
+be, for the address filter that sees it next.
+
+The client's request is parsed once: `request_session` walks it, bounding every
+length, before anything else; kio decodes it only when the filter needs its partitions,
+without walking it again.
 """
 
 from __future__ import annotations
@@ -48,25 +53,27 @@ import datetime
 import logging
 import time
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any
 
 from kio.static.primitive import i32, i32Timedelta
 
+from tierproxy.client.queries import ClusterQueries, LogOffsets
 from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_request, encode_response
-from tierproxy.protocol.headers import RequestHeader, parse_response_header, response_header_version
+from tierproxy.protocol.codecs import INTERCEPTED
 from tierproxy.storage.errors import MetadataNotReady
 from tierproxy.storage.model import TopicIdPartition
 
 from ..reader_pool import ReadOutcome
 from ..remote_read import RemoteReadResult
 from ..tiered import RemoteTier
-from . import ConnectionContext, Forward, Interceptor, InvalidRequest, Response, decode_client_request
-from .addresses import rewrite_node_endpoints
-from .broker_queries import BrokerQueries, PartitionOffsets, TierConnectionState, connection_state
+from .chain import CallNext, Filter
+from .context import ConnectionContext
 from .fetch_wire import (
+    FLEXIBLE_VERSION,
     SESSIONLESS,
+    TOPIC_ID_VERSION,
     RemotePartition,
     ScannedResponse,
     compact_records,
@@ -74,6 +81,8 @@ from .fetch_wire import (
     request_session,
     scan_fetch_response,
 )
+from .messages import ClientRequest, InvalidRequest, Response
+from .tiered_state import PartitionOffsets, TieredConnectionState, broker_queries
 from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 
 log = logging.getLogger("tierproxy.fetch")
@@ -81,6 +90,7 @@ log = logging.getLogger("tierproxy.fetch")
 READ_COMMITTED = 1
 _MS = datetime.timedelta(milliseconds=1)
 _NO_WAIT = i32Timedelta.parse(datetime.timedelta(0))
+_NO_TAGGED_FIELDS = b"\x00"
 
 
 class _Remote:
@@ -99,9 +109,8 @@ class _Remote:
         self.answer: RemotePartition | None = None
 
 
-class FetchInterceptor(Interceptor):
-    api_key = ApiKey.FETCH
-    versions = INTERCEPTED[ApiKey.FETCH]
+class FetchFilter(Filter):
+    apis = MappingProxyType({ApiKey.FETCH: INTERCEPTED[ApiKey.FETCH]})
 
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
@@ -113,75 +122,67 @@ class FetchInterceptor(Interceptor):
     async def close(self) -> None:
         await self.tier.close()
 
-    async def handle(
-        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward
-    ) -> Response:
-        state = connection_state(ctx.state)
+    async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
+        state = ctx.tiered
         try:
-            session = request_session(frame_body[header.header_size:], header.api_version)
+            session = request_session(client_request.payload, client_request.api_version)
         except DecodeError as e:
             raise InvalidRequest(str(e)) from None
+        client_request.structure_checked()  # every length bounded: kio need not walk it again
         if session == SESSIONLESS and state.proven:
-            return await self._sessionless(ctx, header, frame_body, forward, state)
-        return await self._as_sent(ctx, header, frame_body, forward, state, session)
+            return await self._sessionless(ctx, client_request, call_next, state)
+        return await self._as_sent(ctx, client_request, call_next, state, session)
 
     async def _as_sent(
-        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward,
-        state: TierConnectionState, session: tuple[int, int], request: Any = None,
+        self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext,
+        state: TieredConnectionState, session: tuple[int, int],
     ) -> Response:
         """The client's request forwarded unchanged; decoded (unless it already is) only
         if the broker answers a partition out of range."""
-        version = header.api_version
+        version = client_request.api_version
         positions = state.fetch_session
         positions.request(*session)
-        payload = await forward(frame_body)
+        payload = (await call_next(client_request)).payload
         scan = scan_fetch_response(payload, version)
         positions.response(scan)
         if not scan.any_out_of_range:
-            return await self._as_answered(ctx, payload, scan, version)
-        if request is None:
-            request = decode_client_request(header, frame_body)
-        queries = BrokerQueries(header, forward, state, self.tier.metrics)
-        remote = await self._out_of_range(request, scan, version >= 13, state, queries)
+            return _as_answered(payload, scan, version)
+        request = client_request.body
+        queries = self._queries(ctx, client_request)
+        remote = await self._out_of_range(request, scan, version >= TOPIC_ID_VERSION, state, queries)
         if remote is None:
             log.info("%s: a partition the fetch session omitted is out of range on the broker at a position "
                      "the proxy does not know; the client starts a new session", ctx.peer)
-            return encode_fetch_response(version, [], throttle_time_ms=scan.throttle_time_ms,
-                                         error_code=int(ErrorCode.fetch_session_id_not_found))
+            return _fetch_response(version, encode_fetch_response(
+                version, [], throttle_time_ms=scan.throttle_time_ms,
+                error_code=int(ErrorCode.fetch_session_id_not_found)))
         if not remote:
-            return await self._as_answered(ctx, payload, scan, version)
+            return _as_answered(payload, scan, version)
         await self._read(remote, request, scan.records_size, state)
-        response = await self._merge(ctx, request, payload, scan, remote, queries, scan.records_size)
+        response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
         return response
 
-    @staticmethod
-    async def _as_answered(ctx: ConnectionContext, payload: memoryview, scan: ScannedResponse,
-                           version: int) -> Response:
-        """The broker's answer as is, node endpoints naming the proxy."""
-        if not scan.has_tagged_fields:
-            return payload
-        response = decode_response(ApiKey.FETCH, version, payload)
-        rewritten = await rewrite_node_endpoints(ctx, response)
-        return payload if rewritten is response else rewritten
+    def _queries(self, ctx: ConnectionContext, client_request: ClientRequest) -> ClusterQueries:
+        return broker_queries(ctx, client_request.header.client_id, self.tier.metrics)
 
     async def _sessionless(
-        self, ctx: ConnectionContext, header: RequestHeader, frame_body: memoryview, forward: Forward,
-        state: TierConnectionState,
+        self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext,
+        state: TieredConnectionState,
     ) -> Response:
         """A request without a session on a connection with partitions proven remote:
         those skip the broker."""
-        version = header.api_version
-        request = decode_client_request(header, frame_body)
-        queries = BrokerQueries(header, forward, state, self.tier.metrics)
-        by_id = version >= 13
+        version = client_request.api_version
+        request = client_request.body
+        queries = self._queries(ctx, client_request)
+        by_id = version >= TOPIC_ID_VERSION
 
         started = time.monotonic()
         direct = self._direct_partitions(request, by_id, state)
         if not direct:
-            return await self._as_sent(ctx, header, frame_body, forward, state, SESSIONLESS, request)
-        broker_request = self._broker_request(request, direct)
+            return await self._as_sent(ctx, client_request, call_next, state, SESSIONLESS)
+        broker_request = self._broker_request(request, direct, by_id)
         if broker_request is not None and broker_request.max_wait:
             # Kafka answers once min_bytes are there: the remote part may already be
             # enough, so the broker is asked not to wait (see _await_min_bytes).
@@ -190,7 +191,7 @@ class FetchInterceptor(Interceptor):
         scan = None
         payload = None
         if broker_request is not None:
-            payload = await forward(encode_request(broker_request, header.correlation_id, header.client_id))
+            payload = (await call_next(client_request.replaced(broker_request))).payload
             scan = scan_fetch_response(payload, version)
 
         remote = list(direct.values())
@@ -199,14 +200,15 @@ class FetchInterceptor(Interceptor):
         used = scan.records_size if scan is not None else 0
         remote_bytes = await self._read(remote, request, used, state)
         if broker_request is not None and used + remote_bytes < request.min_bytes:
-            waited = await self._await_min_bytes(request, broker_request, header, forward, started, remote_bytes)
+            waited = await self._await_min_bytes(request, broker_request, client_request, call_next, started,
+                                                 remote_bytes)
             if waited is not None:
                 payload, scan = waited
                 used = scan.records_size
-        return await self._merge(ctx, request, payload, scan, remote, queries, used, in_request_order=True)
+        return await self._merge(request, payload, scan, remote, queries, used, in_request_order=True)
 
     async def _await_min_bytes(
-        self, request: Any, broker_request: Any, header: RequestHeader, forward: Forward, started: float,
+        self, request: Any, broker_request: Any, client_request: ClientRequest, call_next: CallNext, started: float,
         remote_bytes: int,
     ) -> tuple[memoryview, ScannedResponse] | None:
         """Ask the broker again, waiting what is left of max_wait_ms for the bytes still
@@ -217,14 +219,14 @@ class FetchInterceptor(Interceptor):
             return None
         waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(left // _MS * _MS),
                                       min_bytes=i32(max(request.min_bytes - remote_bytes, 1)))
-        payload = await forward(encode_request(waiting, header.correlation_id, header.client_id))
+        payload = (await call_next(client_request.replaced(waiting))).payload
         scan = scan_fetch_response(payload, request.__version__)
         return None if scan.any_out_of_range else (payload, scan)
 
     # ------------------------------------------------------------------ splitting
 
     def _direct_partitions(
-        self, request: Any, by_id: bool, state: TierConnectionState
+        self, request: Any, by_id: bool, state: TieredConnectionState
     ) -> dict[tuple[Any, int], _Remote]:
         """Partitions proven remote on this connection less than a second ago; a stale
         proof is renewed by the broker's answer to the Fetch itself (see above)."""
@@ -244,39 +246,40 @@ class FetchInterceptor(Interceptor):
         return direct
 
     @staticmethod
-    def _name(topic: Any, by_id: bool, state: TierConnectionState) -> str | None:
+    def _name(topic: Any, by_id: bool, state: TieredConnectionState) -> str | None:
         return state.topic_names.get(topic.topic_id) if by_id else topic.topic
 
     async def _refresh(
-        self, partitions: Iterable[tuple[str, int]], isolation_level: int, state: TierConnectionState,
-        queries: BrokerQueries,
+        self, partitions: Iterable[tuple[str, int]], isolation_level: int, state: TieredConnectionState,
+        queries: ClusterQueries,
     ) -> None:
         wanted: dict[str, list[int]] = {}
         for name, partition in partitions:
             wanted.setdefault(name, []).append(partition)
-        answers = await queries.partition_offsets(wanted, isolation_level)
+        answers = await queries.log_offsets(wanted, isolation_level)
         for (name, partition), answer in answers.items():
             topic_id = state.topic_ids.get(name)
             if topic_id is None:
                 continue
-            if isinstance(answer, PartitionOffsets):
-                state.proven[(topic_id, partition)] = answer
+            if isinstance(answer, LogOffsets):
+                state.proven[(topic_id, partition)] = PartitionOffsets(
+                    answer.log_start_offset, answer.high_watermark, answer.last_stable_offset)
             else:  # the broker refuses now (ACLs changed, topic gone): prove again
                 state.proven.pop((topic_id, partition), None)
 
-    def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote]) -> Any | None:
+    def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote], by_id: bool) -> Any | None:
         """The request for the broker without the directly served partitions; None when
         nothing is left for it."""
         topics = []
         for topic in request.topics:
-            key = topic.topic_id if hasattr(topic, "topic_id") else topic.topic
+            key = topic.topic_id if by_id else topic.topic
             partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
             if partitions:
                 topics.append(dataclasses.replace(topic, partitions=partitions))
         return dataclasses.replace(request, topics=tuple(topics)) if topics else None
 
     async def _out_of_range(
-        self, request: Any, scan: ScannedResponse, by_id: bool, state: TierConnectionState, queries: BrokerQueries
+        self, request: Any, scan: ScannedResponse, by_id: bool, state: TieredConnectionState, queries: ClusterQueries
     ) -> list[_Remote] | None:
         """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start;
         None when one of them is at a position neither the request nor the fetch session
@@ -301,7 +304,7 @@ class FetchInterceptor(Interceptor):
                 if topic_id not in state.topic_names:
                     state.learn_topic(name, topic_id)
         else:
-            await queries.topic_ids({key for key, _ in out_of_range})
+            await state.known_topic_ids(queries, {key for key, _ in out_of_range})
         candidates = []
         for key, fetch_partition in out_of_range:
             topic_id = key if by_id else state.topic_ids.get(key)
@@ -333,7 +336,7 @@ class FetchInterceptor(Interceptor):
 
     # ------------------------------------------------------------------ reading
 
-    async def _read(self, remote: list[_Remote], request: Any, used: int, state: TierConnectionState) -> int:
+    async def _read(self, remote: list[_Remote], request: Any, used: int, state: TieredConnectionState) -> int:
         """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
         connection's last Fetch stopped; return the bytes read."""
         budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
@@ -372,9 +375,9 @@ class FetchInterceptor(Interceptor):
     # ------------------------------------------------------------------ the response
 
     async def _merge(
-        self, ctx: ConnectionContext, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
-        remote: list[_Remote], queries: BrokerQueries, used: int, in_request_order: bool = False,
-    ) -> list[Any]:
+        self, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
+        remote: list[_Remote], queries: ClusterQueries, used: int, in_request_order: bool = False,
+    ) -> Response:
         """The response in the broker's order (an incremental one names partitions the
         request omitted), or in request order when some partitions skipped the broker:
         broker partitions as slices of its payload, remote ones encoded here."""
@@ -391,8 +394,8 @@ class FetchInterceptor(Interceptor):
             entry.answer = await self._remote_partition(entry, request, queries, budget)
             budget -= entry.answer.records_size
         if in_request_order or scan is None:
-            order = [(t.topic_id if hasattr(t, "topic_id") else t.topic, [p.partition for p in t.partitions])
-                     for t in request.topics]
+            by_id = request.__version__ >= TOPIC_ID_VERSION
+            order = [(t.topic_id if by_id else t.topic, [p.partition for p in t.partitions]) for t in request.topics]
         else:
             order = [(key, [p.partition_index for p in partitions]) for key, partitions in scan.topics]
         topics = []
@@ -408,29 +411,18 @@ class FetchInterceptor(Interceptor):
                 partitions.append(entry.answer)
             if partitions:
                 topics.append((key, partitions))
+        version = request.__version__
         if scan is None:
-            return encode_fetch_response(request.__version__, topics)
-        tagged = scan.tagged_fields if scan.tagged_fields is not None else b""
-        if scan.has_tagged_fields:
-            tagged = await self._rewritten_tagged_fields(ctx, request.__version__, payload)
-        return encode_fetch_response(request.__version__, topics, throttle_time_ms=scan.throttle_time_ms,
-                                     error_code=scan.error_code, session_id=scan.session_id, tagged_fields=tagged)
-
-    @staticmethod
-    async def _rewritten_tagged_fields(ctx: ConnectionContext, version: int, payload: memoryview) -> bytes:
-        """The response's tagged fields with node endpoints naming the proxy: kio decodes
-        the whole response (rare: brokers send endpoints only when leadership moved) and
-        encodes it without its topics; the tagged section is what follows them."""
-        response = decode_response(ApiKey.FETCH, version, payload)
-        rewritten = await rewrite_node_endpoints(ctx, dataclasses.replace(response, responses=()))
-        body = memoryview(encode_response(rewritten, 0))
-        _, offset = parse_response_header(body, response_header_version(ApiKey.FETCH, version))
-        tagged = scan_fetch_response(body[offset:], version).tagged_fields
-        assert tagged is not None
-        return bytes(tagged)
+            return _fetch_response(version, encode_fetch_response(version, topics))
+        # The broker's tagged fields go back as they came; node endpoints among them are
+        # the address filter's, which sees this response next.
+        return _fetch_response(version, encode_fetch_response(
+            version, topics, throttle_time_ms=scan.throttle_time_ms, error_code=scan.error_code,
+            session_id=scan.session_id, tagged_fields=scan.tagged_fields if scan.tagged_fields is not None else b""),
+            scan.tagged_fields)
 
     async def _remote_partition(
-        self, entry: _Remote, request: Any, queries: BrokerQueries, budget: int
+        self, entry: _Remote, request: Any, queries: ClusterQueries, budget: int
     ) -> RemotePartition:
         offsets = entry.offsets
         error = entry.error
@@ -467,16 +459,29 @@ class FetchInterceptor(Interceptor):
         )
 
     async def _aborted(
-        self, entry: _Remote, result: RemoteReadResult, queries: BrokerQueries
+        self, entry: _Remote, result: RemoteReadResult, queries: ClusterQueries
     ) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions in what is served."""
         found = {(t.producer_id, t.first_offset) for t in result.aborted_transactions or ()}
         if not result.aborted_transactions_complete:
             # An ABORT marker of a transaction served here may be in the local log.
             last_served = result.next_fetch_offset - 1
-            local = await queries.aborted_at(entry.tp.topic, entry.tp.partition, entry.offsets.local_log_start)
+            local = await queries.aborted_transactions(entry.tp.topic, entry.tp.partition,
+                                                       entry.offsets.local_log_start)
             found |= {(pid, first) for pid, first in local if first <= last_served}
         return sorted(found, key=lambda t: t[1])
+
+
+def _fetch_response(version: int, parts: list[Any], tagged_fields: Any = _NO_TAGGED_FIELDS) -> Response:
+    """Buffers the Fetch filter encoded, and the tagged-field section that ends them
+    (the broker's, or none) for the address filter."""
+    return Response.encoded(ApiKey.FETCH, version, parts,
+                            tagged_fields=tagged_fields if version >= FLEXIBLE_VERSION else None)
+
+
+def _as_answered(payload: memoryview, scan: ScannedResponse, version: int) -> Response:
+    """The broker's answer as it came, with what the scan found of its tagged fields."""
+    return Response.encoded(ApiKey.FETCH, version, [payload], tagged_fields=scan.tagged_fields)
 
 
 def _proven_below(offsets: PartitionOffsets | None, fetch_offset: int) -> bool:

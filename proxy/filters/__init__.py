@@ -1,0 +1,37 @@
+"""The proxy as a chain of per-API filters (see `chain`), one module per API it
+intercepts:
+
+- `addresses`: broker addresses in responses become the proxy's (Metadata,
+  FindCoordinator, DescribeCluster, and the node endpoints of Fetch and Produce). It is
+  first in the chain, so it is the last to see each response, the Fetch filter's too.
+- `api_versions`: the versions clients are offered; the broker's, learned per connection.
+- `fetch` (with `fetch_wire`, `fetch_session`): the remote tier behind Fetch.
+- `list_offsets`: ListOffsets over the whole log, remote part included.
+
+`messages` is what travels through a chain (the client's request, parsed at most once,
+and the response), `context` what a filter sees of the proxy and the connection, and
+`tiered_state` what Fetch and ListOffsets keep per connection.
+
+A filter's ``handle(ctx, request, call_next)``: an exception closes that client
+connection with a log line and hurts nothing else; InvalidRequest (a request that does
+not parse) is the client's fault: one WARN line, counted as ``bad_request``.
+"""
+
+from .chain import CallNext, Filter, FilterChains, run_chain
+from .context import ConnectionContext, Forward, NodeDirectory, OwnCorrelationIds, ProxyServices
+from .messages import ClientRequest, InvalidRequest, Response
+
+__all__ = (
+    "CallNext",
+    "ClientRequest",
+    "ConnectionContext",
+    "Filter",
+    "FilterChains",
+    "Forward",
+    "InvalidRequest",
+    "NodeDirectory",
+    "OwnCorrelationIds",
+    "ProxyServices",
+    "Response",
+    "run_chain",
+)

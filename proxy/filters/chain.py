@@ -1,0 +1,128 @@
+"""Filters and their chains, as in kroxylicious' FilterHandler.
+
+A proxy has an ordered list of filters, each naming the APIs and versions it takes
+part in (`Filter.apis`). A client's request goes through the filters of its API key
+and version in that order; each passes it on with ``call_next`` (changed or not) and
+the last one's ``call_next`` forwards it upstream. The response comes back through the
+same filters in reverse: each gets what the filters behind it returned and returns
+what the filters before it see. A filter may also answer without passing the request
+on, or pass it on more than once.
+
+A request of an API no filter takes (or of a version none takes) never meets a chain:
+the connection forwards it as an opaque frame, its header peeked only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from .messages import ClientRequest, Response
+
+if TYPE_CHECKING:
+    from .context import ConnectionContext
+
+log = logging.getLogger(__name__)
+
+__all__ = ("CallNext", "Filter", "FilterChains", "run_chain")
+
+CallNext = Callable[[ClientRequest], Awaitable[Response]]
+"""Pass a request on to the rest of the chain; get its response back."""
+
+
+class Filter:
+    """One step of the chain of the APIs in `apis`. Subclasses set `apis` and override
+    `handle`; one instance serves every connection, so per-connection state lives in
+    the ConnectionContext."""
+
+    apis: Mapping[int, range] = MappingProxyType({})
+    """API key -> the request versions this filter takes part in."""
+
+    def advertised_versions(self, api_key: int, broker_min: int, broker_max: int) -> tuple[int, int]:
+        """The (min, max) of `api_key` ApiVersions offers clients, given the range the
+        filters before this one allow. By default capped at what this filter handles, so
+        that no version it cannot read reaches the broker; overriding may raise the max
+        (an API the proxy answers partly itself)."""
+        top = min(broker_max, self.apis[api_key].stop - 1)
+        return (broker_min, top) if top >= broker_min else (broker_min, broker_max)
+
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
+        return await call_next(request)
+
+    async def start(self) -> None:
+        """Called once when the proxy starts (open clients, load caches)."""
+
+    async def close(self) -> None:
+        """Called once when the proxy stops."""
+
+    def __repr__(self) -> str:
+        return type(self).__name__
+
+
+class FilterChains:
+    """The filters of one proxy, in chain order: a request meets them in this order,
+    its response in reverse."""
+
+    def __init__(self, filters: Iterable[Filter] = ()) -> None:
+        self._filters = list(filters)
+        self._by_key: dict[int, list[tuple[range, Filter]]] = {}
+        for filter_ in self._filters:
+            for api_key, versions in filter_.apis.items():
+                self._by_key.setdefault(int(api_key), []).append((versions, filter_))
+
+    def chain(self, api_key: int, api_version: int) -> tuple[Filter, ...]:
+        """The filters a request meets, in order; empty for the opaque path."""
+        entries = self._by_key.get(api_key)
+        if not entries:
+            return ()
+        return tuple(filter_ for versions, filter_ in entries if api_version in versions)
+
+    def filters_of(self, api_key: int) -> list[Filter]:
+        """Every filter taking part in an API, at any version, in chain order."""
+        return [filter_ for _, filter_ in self._by_key.get(api_key, ())]
+
+    def advertised_versions(self, api_key: int, broker_min: int, broker_max: int) -> tuple[int, int]:
+        """The (min, max) ApiVersions offers clients for an API: the broker's range as
+        each of its filters, in turn, narrows or widens it."""
+        low, high = broker_min, broker_max
+        for filter_ in self.filters_of(api_key):
+            low, high = filter_.advertised_versions(api_key, low, high)
+        return low, high
+
+    def __iter__(self) -> Iterator[Filter]:
+        return iter(self._filters)
+
+    async def start(self) -> None:
+        for filter_ in self._filters:
+            await filter_.start()
+
+    async def close(self) -> None:
+        # One failing close must not keep the others open.
+        results = await asyncio.gather(*(f.close() for f in self._filters), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+        # A client library cancelling its own tasks while it stops (aiokafka, with the
+        # broker already gone) is no failure of the proxy's shutdown.
+        for filter_, result in zip(self._filters, results):
+            if isinstance(result, asyncio.CancelledError):
+                log.warning("closing %r was cancelled inside; it is closed all the same", filter_)
+
+
+async def _upstream(ctx: ConnectionContext, request: ClientRequest) -> Response:
+    payload = await ctx.forward(request.upstream_frame_body())
+    return Response.encoded(request.api_key, request.api_version, [payload])
+
+
+async def run_chain(chain: tuple[Filter, ...], ctx: ConnectionContext, request: ClientRequest) -> Response:
+    """The response of `request` after it went through `chain` and the broker, and
+    back through `chain` in reverse."""
+    call_next: CallNext = functools.partial(_upstream, ctx)
+    for filter_ in reversed(chain):
+        call_next = functools.partial(filter_.handle, ctx, call_next=call_next)
+    return await call_next(request)

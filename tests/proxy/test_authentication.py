@@ -1,0 +1,71 @@
+"""The authentication gate on its own: which requests pass before authentication, which
+responses it observes, and the frame bound it sets. (Against the real SASL broker:
+test_channel.)"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from tierproxy.config import parse
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.errors import DecodeError
+from tierproxy.protocol.headers import encode_request_header, peek_request_header, request_header_version
+from tierproxy.proxy.authentication import OpenGate, SaslGate, UnauthenticatedRequest, authentication_gate
+
+PRE_AUTH = 512 * 1024
+AFTER = 100 * 1024 * 1024
+
+
+def _request(api_key: int, version: int, payload: bytes = b"") -> tuple:
+    header_version = request_header_version(api_key, version)
+    body = memoryview(encode_request_header(api_key, version, 1, "c", header_version) + payload)
+    return peek_request_header(body), body
+
+
+def _handshake(mechanism: str) -> tuple:
+    return _request(ApiKey.SASL_HANDSHAKE, 1, struct.pack(">h", len(mechanism)) + mechanism.encode())
+
+
+def _authenticate_response(error_code: int) -> memoryview:
+    # SaslAuthenticate v1 (response header v0): correlation id, error code, ...
+    return memoryview(struct.pack(">ih", 1, error_code) + struct.pack(">h", -1) + struct.pack(">i", 0) + b"\0" * 8)
+
+
+def test_the_gate_follows_the_security_protocol():
+    gate = authentication_gate(parse({"bootstrap.servers": "b:9092", "security.protocol": "SASL_PLAINTEXT",
+                                      "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}))
+    assert isinstance(gate, SaslGate) and not gate.authenticated
+    open_gate = authentication_gate(parse({"bootstrap.servers": "b:9092"}))
+    assert isinstance(open_gate, OpenGate) and open_gate.authenticated
+    assert open_gate.check_request(*_request(ApiKey.FETCH, 12)) is None
+
+
+def test_scram_authenticates_after_two_successful_rounds_and_lifts_the_frame_bound():
+    gate = SaslGate(PRE_AUTH, AFTER)
+    assert gate.check_request(*_request(ApiKey.API_VERSIONS, 3)) is None
+    assert gate.check_request(*_handshake("SCRAM-SHA-512")) is None
+    assert gate.max_frame_bytes == PRE_AUTH
+    for round_ in (1, 2):
+        observer = gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1))
+        assert observer is not None
+        assert gate.max_frame_bytes == PRE_AUTH
+        observer(_authenticate_response(0))
+        assert gate.authenticated is (round_ == 2)
+    assert gate.max_frame_bytes == AFTER
+    # Authenticated: everything passes, nothing more is observed.
+    assert gate.check_request(*_request(ApiKey.FETCH, 12)) is None
+    assert gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1)) is None
+
+
+def test_a_failed_round_does_not_count_and_other_requests_are_refused():
+    gate = SaslGate(PRE_AUTH, AFTER)
+    gate.check_request(*_handshake("PLAIN"))
+    observer = gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1))
+    observer(_authenticate_response(58))  # SASL_AUTHENTICATION_FAILED
+    assert not gate.authenticated and gate.max_frame_bytes == PRE_AUTH
+    with pytest.raises(UnauthenticatedRequest, match="FETCH request before SASL authentication completed"):
+        gate.check_request(*_request(ApiKey.FETCH, 12))
+    with pytest.raises(DecodeError):
+        gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1))(memoryview(struct.pack(">i", 1)))
