@@ -13,9 +13,9 @@ import pytest
 
 from tierproxy.cache.chunk_cache import ChunkCache
 from tierproxy.cache.index_cache import RemoteIndexCache
-from tierproxy.proxy.reader_pool import RemoteLogReaderPool
-from tierproxy.proxy.remote_metrics import RemoteMetrics
-from tierproxy.proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
+from tierproxy.remote_log.reader_pool import RemoteLogReaderPool
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader, RemoteReadResult
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
 from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady
 from tierproxy.storage.indexes.transaction_index import AbortedTxn

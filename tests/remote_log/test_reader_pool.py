@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tierproxy.config import parse
-from tierproxy.proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
-from tierproxy.proxy.remote_metrics import RemoteMetrics
-from tierproxy.proxy.remote_read import RemoteReadEngine
+from tierproxy.remote_log.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.engine import RemoteReadEngine
 from tierproxy.storage.errors import RemoteStorageError
 from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log
 
