@@ -22,9 +22,9 @@ from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.codecs import decode_response, encode_request
 from tierproxy.protocol.requests import READ_COMMITTED, fetch_request, list_offsets_request, metadata_request
 from tierproxy.protocol.headers import RequestHeader
+from tierproxy.remote_log.metrics import RemoteMetrics
 
 from ..metrics import api_name
-from ..remote_metrics import RemoteMetrics
 from . import Forward
 from .fetch_session import FetchSessionPositions
 
