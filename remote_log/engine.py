@@ -98,8 +98,7 @@ class RemoteReadEngine:
 
     async def close(self) -> None:
         await self.pool.close()
-        await self.chunk_cache.close()
-        await self.index_cache.close()
+        await self.reader.close()
 
     # ------------------------------------------------------------------ Fetch
 

@@ -143,6 +143,11 @@ class RemoteLogReader:
         # Whether the store checks each segment's `.log` blocks (False: its batches are checked here).
         self._blocks_checked: LRUCache[uuid.UUID, bool] = LRUCache(maxsize=65_536)
 
+    async def close(self) -> None:
+        """Close the caches (the store and the metadata are the caller's)."""
+        await self.chunk_cache.close()
+        await self.index_cache.close()
+
     @property
     def segments(self) -> RemoteLogSegments:
         if self._segments is None:
