@@ -135,7 +135,6 @@ class RemoteLogReader:
         metrics: RemoteMetrics | None = None,
     ) -> None:
         self.rsm = rsm
-        self.rlmm = rlmm
         self.index_cache = index_cache
         self.chunk_cache = chunk_cache
         self.metrics = metrics if metrics is not None else RemoteMetrics()
