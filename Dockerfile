@@ -27,6 +27,7 @@ COPY config ./config
 COPY client ./client
 COPY storage ./storage
 COPY cache ./cache
+COPY remote_log ./remote_log
 COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY tierproxy ./tierproxy

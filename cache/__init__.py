@@ -8,7 +8,7 @@
 - `single_flight.SingleFlight`: one load per key under concurrency, shared by both.
 
 The caches count what they do through `CacheMetrics`; the proxy plugs in its
-Prometheus counters (`proxy.remote_metrics`), tests and tools may leave the no-op.
+Prometheus counters (`remote_log.metrics`), tests and tools may leave the no-op.
 """
 
 from __future__ import annotations

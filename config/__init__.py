@@ -365,6 +365,9 @@ REMOTE_LOG_READER_MAX_PENDING_TASKS = _define("remote.log.reader.max.pending.tas
 REMOTE_FETCH_MAX_WAIT_MS = _define("remote.fetch.max.wait.ms", int, 500,
         "How long a fetch waits for remote data before returning empty records for it.", "proxy",
         validator=Range(1))
+REMOTE_LIST_OFFSETS_REQUEST_TIMEOUT_MS = _define("remote.list.offsets.request.timeout.ms", int, 30_000,
+        "How long a ListOffsets lookup by timestamp in the remote tier may take before the partition is "
+        "answered REQUEST_TIMED_OUT (Kafka's KIP-1075).", "proxy", validator=Range(1))
 REMOTE_FETCH_MAX_BYTES = _define("remote.fetch.max.bytes", int, 8 * MIB,
         "Most bytes of remote records in one Fetch response (the first partition with data always "
         "gets one whole batch). Kafka's own tiered storage serves one partition per Fetch.", "proxy",

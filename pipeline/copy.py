@@ -9,9 +9,9 @@ only if its first batch is older than `segment.ms`; otherwise it waits for more 
 the broker's active segment would. A batch at or past the range end (the last stable
 offset, always a batch boundary) is never included.
 
-For each cut segment: build every index (the producer state and leader epochs chained from
-the previous segment), add the metadata as COPY_SEGMENT_STARTED under a fresh segment id
-for this attempt, upload. The task never marks a segment FINISHED: it returns the
+For each cut segment, `storage.segment_copy.copy_segment`: build every index (the producer
+state and leader epochs chained from the previous segment), add the metadata as
+COPY_SEGMENT_STARTED under a fresh segment id for this attempt, upload. The task never marks a segment FINISHED: it returns the
 metadata of what it uploaded, and the driver commits exactly one attempt's segments per
 range (`pipeline.commit`). A failed or duplicate attempt leaves STARTED segments the
 driver cleans up.
@@ -41,11 +41,12 @@ from tierproxy.config import (
     REMOTE_LOG_METADATA_BACKEND,
 )
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
-from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, build_segment_indexes, segment_file_name, write_indexes
+from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, segment_file_name
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
-from tierproxy.storage.model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata
 from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.segment_copy import copy_segment
 
 from tierproxy.client.cluster import Cluster, ClusterError
 from .plan import PartitionPlan
@@ -139,43 +140,34 @@ async def copy_partition(
 
     uploading: asyncio.Task[None] | None = None
 
-    async def upload(metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> None:
-        await rlmm.add_remote_log_segment_metadata(metadata)
-        await rsm.copy_log_segment_data(metadata, data)
+    async def upload(writer: _SegmentWriter) -> None:
+        """Indexes (chained from the previous segment's producer state and leader epochs),
+        metadata as COPY_SEGMENT_STARTED, the copy; then the local files go."""
+        nonlocal producer_state, leader_epochs
+        copied = await copy_segment(
+            rsm, rlmm, tip, writer.path, writer.base_offset, work_dir,
+            producer_state=producer_state, leader_epochs=leader_epochs, index_interval_bytes=index_interval,
+            leader_epoch=plan.leader_epoch, event_timestamp_ms=now_ms(),
+        )
+        producer_state, leader_epochs = copied.indexes.producer_state, copied.indexes.leader_epochs
+        result.segments.append(serialize(copied.metadata))  # the task fails as a whole if a copy does
+        data = copied.data
         for path in (data.log_segment, data.offset_index, data.time_index, data.transaction_index,
                      data.producer_snapshot_index):
             if path is not None:
                 path.unlink(missing_ok=True)
-        result.bytes_copied += metadata.segment_size_in_bytes
+        result.bytes_copied += copied.metadata.segment_size_in_bytes
         if on_segment is not None:
-            on_segment(metadata)
+            on_segment(copied.metadata)
 
     async def ship(writer: _SegmentWriter) -> None:
-        """Indexes now (the producer state chains from segment to segment), upload in the
-        background while the next segment is fetched; one upload at a time."""
-        nonlocal producer_state, leader_epochs, uploading
+        """Copy in the background while the next segment is fetched; one copy at a time, so
+        that each segment's indexes start from the state the previous one ended with."""
+        nonlocal uploading
         writer.close()
-        indexes = build_segment_indexes(
-            writer.path, writer.base_offset, index_interval_bytes=index_interval,
-            initial_producer_state=producer_state, initial_leader_epochs=leader_epochs,
-        )
-        data = write_indexes(indexes, writer.path, work_dir, overwrite=True)
-        metadata = RemoteLogSegmentMetadata(
-            segment_id=RemoteLogSegmentId.generate(tip),  # fresh for every attempt
-            start_offset=indexes.base_offset,
-            end_offset=indexes.end_offset,
-            max_timestamp_ms=indexes.max_timestamp_ms,
-            leader_epoch=plan.leader_epoch,
-            event_timestamp_ms=now_ms(),
-            segment_leader_epochs=indexes.segment_leader_epochs,
-            segment_size_in_bytes=indexes.size_in_bytes,
-            txn_index_empty=indexes.txn_index_empty,
-        )
-        producer_state, leader_epochs = indexes.producer_state, list(indexes.leader_epochs)
         if uploading is not None:
             await uploading
-        result.segments.append(serialize(metadata))  # the task fails as a whole if an upload does
-        uploading = asyncio.create_task(upload(metadata, data))
+        uploading = asyncio.create_task(upload(writer))
 
     writer: _SegmentWriter | None = None
     offset = plan.start_offset

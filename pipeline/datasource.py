@@ -22,19 +22,25 @@ Options:
 - `config`: a tierproxy `.properties` file. Any configuration key given as an option
   (`remote.log.storage.backend`, `remote.log.storage.local.dir`, ...) overrides it.
 
-The driver lists segments from the metadata manager and, for read_committed, reads the
-transaction indexes (an aborted transaction's marker may be in a later segment than its
-data) and the last segment's producer snapshot. Each task streams its segment from the
-remote storage manager batch by batch and hands Spark Arrow record batches.
+Both sides read with the remote read side (`remote_log`). The driver walks each
+partition's remote log by leader-epoch lineage from its remote log start (every offset
+from the segment that serves it, as a consumer through the proxy gets it) and, for
+read_committed, collects the aborted transactions from the transaction indexes of the
+segments (an aborted transaction's marker may be in a later segment than its data) and
+reads the last segment's producer snapshot. Each task reads its slice with the reader's
+batch iterator, from the offset index's position, over a chunk cache of a few chunks
+with read-ahead (an executor holds little), decodes records with `storage.records` and
+hands Spark Arrow record batches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -52,25 +58,28 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tierproxy.protocol.records import BatchHeader, read_batch_header
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.config import (
     Config,
     ConfigError,
     parse,
     BOOTSTRAP_SERVERS,
+    REMOTE_LOG_CHUNK_SIZE_BYTES,
     REMOTE_LOG_METADATA_BACKEND,
     REMOTE_LOG_METADATA_DIR,
+    REMOTE_LOG_READ_AHEAD_CHUNKS,
 )
 from tierproxy.config.properties import read_properties
+from tierproxy.protocol.records import Batch
+from tierproxy.remote_log.reader import RemoteLogReader
 from tierproxy.storage.errors import RemoteResourceNotFound
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
-from tierproxy.storage.indexes import AbortedTxn, OffsetIndex, ProducerState, TimeIndex, TransactionIndex
+from tierproxy.storage.indexes import AbortedTxn, ProducerState
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
-from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from tierproxy.storage.rsm import RemoteStorageManager
-
-from .records import RecordDecodeError, batch_records
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
+from tierproxy.storage.records import Record, batch_records
 
 NAME = "tierproxy"
 
@@ -110,6 +119,8 @@ _METADATA_READY_TIMEOUT_S = 60.0
 # An Arrow batch handed to Spark: at most this many rows or about this many key + value bytes.
 _ARROW_BATCH_ROWS = 8192
 _ARROW_BATCH_BYTES = 16 << 20
+# A reader's index cache: the indexes of the segments a driver plans or a task reads.
+_INDEX_CACHE_BYTES = 16 << 20
 
 
 class OptionError(ValueError):
@@ -256,13 +267,24 @@ async def plan_slices(options: ReadOptions) -> list[SegmentSlice]:
             if config[REMOTE_LOG_METADATA_BACKEND] == "topic":
                 await _wait_for_topic_metadata(rlmm, config, options.topic)
             partitions = await _topic_partitions(rlmm, options)
-            plans = [(tp, _finished_segments(rlmm, tp)) for tp in partitions]
-    slices: list[SegmentSlice] = []
+            async with _reader(config, rlmm) as reader:
+                return [piece for tp in partitions for piece in await _partition_slices(reader, tp, options)]
+
+
+@contextlib.asynccontextmanager
+async def _reader(config: Config, rlmm: RemoteLogMetadataManager | None = None) -> AsyncIterator[RemoteLogReader]:
+    """A remote log reader with caches of its own, a few chunks with read-ahead (inside the
+    event loop that uses it: the S3 client binds to the loop it starts on)."""
+    chunk_size, read_ahead = config[REMOTE_LOG_CHUNK_SIZE_BYTES], config[REMOTE_LOG_READ_AHEAD_CHUNKS]
     async with remote_storage_manager(config) as rsm:
-        for tp, pieces in plans:
-            if pieces:
-                slices += await _partition_slices(rsm, tp.partition, pieces, options)
-    return slices
+        reader = RemoteLogReader(
+            rsm, rlmm, RemoteIndexCache(rsm, max_bytes=_INDEX_CACHE_BYTES),
+            ChunkCache(rsm, chunk_size=chunk_size, max_bytes=(read_ahead + 1) * chunk_size,
+                       read_ahead_chunks=read_ahead))
+        try:
+            yield reader
+        finally:
+            await reader.close()
 
 
 def _metadata_manager(config: Config, scratch: str) -> RemoteLogMetadataManager:
@@ -307,41 +329,26 @@ async def _topic_partitions(rlmm: RemoteLogMetadataManager, options: ReadOptions
     return sorted(live, key=lambda tp: tp.partition)
 
 
-def _finished_segments(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition) -> list[tuple[RemoteLogSegmentMetadata, int]]:
-    """(segment, first offset to read) of the FINISHED segments, so that no offset is read twice."""
-    finished = sorted(
-        (s for s in rlmm.list_segments(tp) if s.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED),
-        key=lambda s: (s.start_offset, s.end_offset),
-    )
-    pieces = []
-    next_offset = 0
-    for segment in finished:
-        first = max(segment.start_offset, next_offset)
-        if first <= segment.end_offset:
-            pieces.append((segment, first))
-            next_offset = segment.end_offset + 1
-    return pieces
-
-
-async def _partition_slices(
-    rsm: RemoteStorageManager,
-    partition: int,
-    pieces: list[tuple[RemoteLogSegmentMetadata, int]],
-    options: ReadOptions,
-) -> list[SegmentSlice]:
-    log_start, log_end = pieces[0][1], pieces[-1][0].end_offset + 1
-    start = options.starting_offsets.resolve(partition, log_start, log_end)
-    end = options.ending_offsets.resolve(partition, log_start, log_end)
+async def _partition_slices(reader: RemoteLogReader, tp: TopicIdPartition, options: ReadOptions) -> list[SegmentSlice]:
+    """The partition's remote log walked by leader-epoch lineage, cut to the options' bounds."""
+    log_start = reader.segments.rlmm.log_start_offset(tp)
+    pieces = [] if log_start is None else list(reader.segments.walk(tp, log_start))
+    if not pieces:
+        return []
+    log_end = pieces[-1][0].end_offset + 1
+    start = options.starting_offsets.resolve(tp.partition, log_start, log_end)
+    end = options.ending_offsets.resolve(tp.partition, log_start, log_end)
     aborted: list[AbortedTxn] = []
     if options.read_committed:
-        undecided = await _first_undecided_offset(rsm, pieces[-1][0])
+        undecided = await _first_undecided_offset(reader, pieces[-1][0])
         if undecided is not None:
             end = min(end, undecided)
         if start < end:
-            aborted = await _aborted_transactions(rsm, [s for s, _ in pieces if s.end_offset >= start], start, end)
+            first = next(segment for segment, _ in pieces if segment.end_offset >= start)
+            aborted = (await reader.aborted_transactions(first, start, end)).aborted
     slices = []
-    for segment, first in pieces:
-        low, high = max(first, start), min(segment.end_offset + 1, end)
+    for segment, first_offset in pieces:
+        low, high = max(first_offset, start), min(segment.end_offset + 1, end)
         if low >= high:
             continue
         if options.starting_timestamp is not None and segment.max_timestamp_ms < options.starting_timestamp:
@@ -351,33 +358,13 @@ async def _partition_slices(
     return slices
 
 
-async def _first_undecided_offset(rsm: RemoteStorageManager, last: RemoteLogSegmentMetadata) -> int | None:
+async def _first_undecided_offset(reader: RemoteLogReader, last: RemoteLogSegmentMetadata) -> int | None:
     """First offset of the oldest transaction still open after the last remote segment."""
     try:
-        snapshot = await rsm.fetch_index(last, IndexType.PRODUCER_SNAPSHOT)
+        snapshot = await reader.rsm.fetch_index(last, IndexType.PRODUCER_SNAPSHOT)
     except RemoteResourceNotFound:
         return None
     return ProducerState.from_snapshot(snapshot).first_undecided_offset
-
-
-async def _aborted_transactions(
-    rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata], start: int, end: int
-) -> list[AbortedTxn]:
-    """Kafka's collectAbortedTxns over the remote segments: each index lists the transactions
-    whose ABORT marker it holds, so later segments are searched until one is complete."""
-    aborted: list[AbortedTxn] = []
-    for segment in segments:
-        if segment.txn_index_empty:
-            continue
-        try:
-            data = await rsm.fetch_index(segment, IndexType.TRANSACTION)
-        except RemoteResourceNotFound:
-            continue  # copied without a transaction index: none aborted there
-        result = TransactionIndex.from_bytes(data).collect_aborted(start, end)
-        aborted += result.aborted
-        if result.is_complete:
-            break
-    return aborted
 
 
 # ----------------------------------------------------------------------------- reading
@@ -391,145 +378,127 @@ def read_slice(
     starting_timestamp: int | None = None,
     ending_timestamp: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The slice's records as Arrow batches, streamed from the remote segment batch by batch."""
-    segment = piece.segment
+    """The slice's records as Arrow batches, read from the remote segment batch by batch."""
     with asyncio.Runner() as runner:
-        rsm = runner.run(_open_storage(config))
+        arrow = _arrow_batches(config, piece, topic, starting_timestamp, ending_timestamp)
+
+        async def step() -> pa.RecordBatch | None:
+            return await anext(arrow, None)
+
         try:
-            position = runner.run(_start_position(rsm, piece, starting_timestamp))
-            chunks = rsm.fetch_log_segment(segment, position)
-            try:
-                batches = _batches(_drive(runner, chunks), segment)
-                rows = _rows(batches, piece, starting_timestamp, ending_timestamp)
-                yield from _arrow_batches(rows, topic, segment.topic_id_partition.partition)
-            finally:
-                runner.run(chunks.aclose())
+            while (batch := runner.run(step())) is not None:
+                yield batch
         finally:
-            runner.run(rsm.close())
+            runner.run(arrow.aclose())
 
 
-async def _open_storage(config: Config) -> RemoteStorageManager:
-    # Built inside the task's event loop: the S3 client binds to the loop it starts on.
-    return remote_storage_manager(config)
+async def _arrow_batches(
+    config: Config, piece: SegmentSlice, topic: str, starting_timestamp: int | None, ending_timestamp: int | None
+) -> AsyncIterator[pa.RecordBatch]:
+    rows = _ArrowRows(topic, piece.segment.topic_id_partition.partition)
+    async with _reader(config) as reader:
+        position = await _start_position(reader, piece, starting_timestamp)
+        batches = reader.batches(piece.segment, position, from_offset=piece.first_offset)
+        async with contextlib.aclosing(batches):
+            async for batch, records in _wanted(batches, piece, starting_timestamp, ending_timestamp):
+                rows.add(batch, records)
+                if rows.full:
+                    yield rows.flush()
+    if rows:
+        yield rows.flush()
 
 
-async def _start_position(rsm: RemoteStorageManager, piece: SegmentSlice, starting_timestamp: int | None) -> int:
+async def _start_position(reader: RemoteLogReader, piece: SegmentSlice, starting_timestamp: int | None) -> int:
     """A batch boundary at or before the first record the slice needs, from the segment's indexes."""
     segment = piece.segment
     target = piece.first_offset
     if starting_timestamp is not None:
-        time_index = TimeIndex.from_bytes(await rsm.fetch_index(segment, IndexType.TIMESTAMP), segment.start_offset)
         # An entry (T, o) says every batch up to offset o has timestamps <= T: with
         # T < starting_timestamp, none of them is wanted.
-        target = max(target, time_index.lookup(starting_timestamp - 1).offset)
+        target = max(target, (await reader.index_cache.time_index(segment)).lookup(starting_timestamp - 1).offset)
     if target <= segment.start_offset:
         return 0
-    offset_index = OffsetIndex.from_bytes(await rsm.fetch_index(segment, IndexType.OFFSET), segment.start_offset)
-    return offset_index.lookup(target).position
+    return (await reader.index_cache.offset_index(segment)).lookup(target).position
 
 
-def _drive(runner: asyncio.Runner, chunks: AsyncIterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
-    """An async stream as a plain iterator, one chunk per step of the task's event loop."""
-
-    async def next_chunk() -> bytes | memoryview | None:
-        try:
-            return await anext(chunks)
-        except StopAsyncIteration:
-            return None
-
-    while (chunk := runner.run(next_chunk())) is not None:
-        yield chunk
-
-
-def _batches(chunks: Iterable[bytes | memoryview], segment: RemoteLogSegmentMetadata) -> Iterator[tuple[bytearray, BatchHeader]]:
-    """Whole record batches across chunk boundaries: (buffer, header of a batch in it)."""
-    buffer = bytearray()
-    for chunk in chunks:
-        buffer += chunk
-        used = 0
-        while (header := read_batch_header(buffer, used)) is not None:
-            yield buffer, header
-            used = header.end_position
-        if used:
-            # A new buffer rather than deleting in place: a consumer may still view the old one.
-            buffer = buffer[used:]
-    if buffer:
-        raise RecordDecodeError(
-            f"segment {segment.segment_id.id} of {segment.topic_id_partition} ends with"
-            f" {len(buffer)} bytes that are not a whole batch"
-        )
-
-
-def _rows(
-    batches: Iterable[tuple[bytearray, BatchHeader]],
+async def _wanted(
+    batches: AsyncIterator[Batch],
     piece: SegmentSlice,
     starting_timestamp: int | None,
     ending_timestamp: int | None,
-) -> Iterator[tuple[BatchHeader, list]]:
-    """(batch header, its wanted records) for each batch with any."""
+) -> AsyncIterator[tuple[Batch, list[Record]]]:
+    """(batch, its wanted records) for each batch with any."""
     first, end = piece.first_offset, piece.end_offset
     aborted: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for txn in piece.aborted:
         aborted[txn.producer_id].append((txn.first_offset, txn.last_offset))
     low = starting_timestamp if starting_timestamp is not None else -(2**63)
     high = ending_timestamp if ending_timestamp is not None else 2**63
-    for buffer, header in batches:
+    async for batch in batches:
+        header = batch.header
         if header.base_offset >= end:
             return
-        if header.last_offset < first or header.is_control or header.max_timestamp < low:
+        if header.is_control or header.max_timestamp < low:
             continue
         if header.is_transactional and any(
             f <= header.base_offset <= last for f, last in aborted.get(header.producer_id, ())
         ):
             continue
-        records = [
-            r for r in batch_records(buffer, header) if first <= r.offset < end and low <= r.timestamp < high
-        ]
+        records = [r for r in batch_records(batch.view) if first <= r.offset < end and low <= r.timestamp < high]
         if records:
-            yield header, records
+            yield batch, records
 
 
-def _arrow_batches(rows: Iterable[tuple[BatchHeader, list]], topic: str, partition: int) -> Iterator[pa.RecordBatch]:
-    keys: list = []
-    values: list = []
-    offsets: list[int] = []
-    timestamps: list[int] = []
-    timestamp_types: list[int] = []
-    headers: list = []
-    size = 0
+class _ArrowRows:
+    """Records gathered into Arrow record batches of at most _ARROW_BATCH_ROWS rows or about
+    _ARROW_BATCH_BYTES of keys and values."""
 
-    def flush() -> pa.RecordBatch:
-        n = len(offsets)
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list[tuple] = []
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.offsets)
+
+    @property
+    def full(self) -> bool:
+        return len(self.offsets) >= _ARROW_BATCH_ROWS or self.size >= _ARROW_BATCH_BYTES
+
+    def add(self, batch: Batch, records: list[Record]) -> None:
+        timestamp_type = int(batch.header.timestamp_type)
+        for record in records:
+            self.keys.append(record.key)
+            self.values.append(record.value)
+            self.offsets.append(record.offset)
+            self.timestamps.append(record.timestamp * 1000)  # microseconds, as Spark keeps timestamps
+            self.timestamp_types.append(timestamp_type)
+            self.headers.append(record.headers)
+            self.size += len(record.key or b"") + len(record.value or b"")
+
+    def flush(self) -> pa.RecordBatch:
+        n = len(self.offsets)
         types = [f.type for f in ARROW_SCHEMA]
         columns = [
-            pa.array(keys, types[0]),
-            pa.array(values, types[1]),
-            pa.array([topic] * n, types[2]),
-            pa.array([partition] * n, types[3]),
-            pa.array(offsets, types[4]),
-            pa.array(timestamps, types[5]),  # microseconds, as Spark keeps timestamps
-            pa.array(timestamp_types, types[6]),
-            pa.array(headers, types[7]),
+            pa.array(self.keys, types[0]),
+            pa.array(self.values, types[1]),
+            pa.array([self.topic] * n, types[2]),
+            pa.array([self.partition] * n, types[3]),
+            pa.array(self.offsets, types[4]),
+            pa.array(self.timestamps, types[5]),
+            pa.array(self.timestamp_types, types[6]),
+            pa.array(self.headers, types[7]),
         ]
-        for column in (keys, values, offsets, timestamps, timestamp_types, headers):
+        for column in (self.keys, self.values, self.offsets, self.timestamps, self.timestamp_types, self.headers):
             column.clear()
+        self.size = 0
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-
-    for header, records in rows:
-        timestamp_type = int(header.timestamp_type)
-        for record in records:
-            keys.append(record.key)
-            values.append(record.value)
-            offsets.append(record.offset)
-            timestamps.append(record.timestamp * 1000)
-            timestamp_types.append(timestamp_type)
-            headers.append(record.headers)
-            size += len(record.key or b"") + len(record.value or b"")
-        if len(offsets) >= _ARROW_BATCH_ROWS or size >= _ARROW_BATCH_BYTES:
-            yield flush()
-            size = 0
-    if offsets:
-        yield flush()
 
 
 # ----------------------------------------------------------------------------- Spark

@@ -11,13 +11,20 @@ A batch on the wire and in a segment's `.log` is
 bytes. The CRC-32C covers attributes to the end of the batch. Brokers may end a
 fetch response with a partial batch (a fetch is cut at max bytes, not on batch
 boundaries); the walker stops before it and reports how many bytes were whole.
+
+A log read in chunks (a remote segment through the chunk cache, a `.log` file read
+piece by piece) gives its batches with `log_batches` / `log_batches_async`: one
+reassembly for every reader, with no I/O of its own. A batch wholly inside a chunk is a
+view of that chunk; only a batch cut by a chunk boundary is copied, once, taking just
+the bytes it needs from the chunks after it, and the next chunk is asked for only when
+a batch needs it.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Final, NamedTuple
 
 import crc32c
@@ -148,22 +155,27 @@ def read_batch_header(buffer: bytes | bytearray | memoryview, position: int = 0)
 
     Raises DecodeError for bytes that cannot be a v2 batch.
     """
+    return _read_header(buffer, position, position)
+
+
+def _read_header(buffer: bytes | bytearray | memoryview, position: int, named: int) -> BatchHeader | None:
+    """`read_batch_header`, naming byte `named` (where the batch is in its log) in errors."""
     available = len(buffer) - position
     if available < LOG_OVERHEAD:
         return None
     _, batch_length = _PREFIX.unpack_from(buffer, position)
     if batch_length < _MIN_BATCH_LENGTH:
-        raise DecodeError(f"record batch at byte {position} has invalid length {batch_length}")
+        raise DecodeError(f"record batch at byte {named} has invalid length {batch_length}")
     if available < HEADER_SIZE:
         return None
     magic = buffer[position + MAGIC_OFFSET]
     if magic != CURRENT_MAGIC:
-        raise DecodeError(f"record batch at byte {position} has magic {magic}, only v2 is supported")
+        raise DecodeError(f"record batch at byte {named} has magic {magic}, only v2 is supported")
     if available < LOG_OVERHEAD + batch_length:
         return None
     header = BatchHeader(position, _HEADER.unpack_from(buffer, position))
     if header.attributes & _COMPRESSION_MASK > Compression.ZSTD:
-        raise DecodeError(f"record batch at byte {position} has unknown compression {header.attributes & 7}")
+        raise DecodeError(f"record batch at byte {named} has unknown compression {header.attributes & 7}")
     return header
 
 
@@ -185,6 +197,142 @@ def iter_batches(
             )
         yield header
         position = header.end_position
+
+
+class Batch(NamedTuple):
+    """One whole batch of a log read in chunks."""
+
+    header: BatchHeader  # header.position: where the batch starts in `buffer`
+    buffer: bytes | bytearray | memoryview  # the chunk holding it, or the copy of a batch cut by a boundary
+    position: int  # where the batch starts in the log
+
+    @property
+    def view(self) -> memoryview:
+        return memoryview(self.buffer)[self.header.position : self.header.end_position]
+
+
+class _Reassembly:
+    """The batches of a log fed chunk by chunk; `next` asks for a chunk by returning None.
+
+    `position` is where the first chunk starts in the log (and the first batch with
+    it); `end`, when known, is the log's size: a batch running past it fails before
+    any chunk it would need is asked for.
+    """
+
+    __slots__ = ("chunk", "chunk_at", "end", "pending", "position")
+
+    def __init__(self, position: int, end: int | None) -> None:
+        self.position = position  # where the next batch starts in the log
+        self.chunk: bytes | bytearray | memoryview = b""
+        self.chunk_at = position  # where `chunk` starts in the log
+        self.end = end
+        self.pending: bytearray | None = None  # the start of a batch cut by a chunk boundary
+
+    @property
+    def at_end(self) -> bool:
+        return self.end is not None and self.position >= self.end and self.pending is None
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        """The chunk after the current one (whose bytes are all used by now)."""
+        self.chunk_at += len(self.chunk)
+        self.chunk = chunk
+
+    def next(self) -> Batch | None:
+        """The next whole batch, or None when the next chunk is needed (or the log ended)."""
+        if self.pending is None:
+            offset = self.position - self.chunk_at
+            header = _read_header(self.chunk, offset, self.position)
+            if header is not None:
+                return self._served(Batch(header, self.chunk, self.position))
+            if offset >= len(self.chunk):
+                return None
+            self._check_end(memoryview(self.chunk)[offset:])
+            self.pending = bytearray(memoryview(self.chunk)[offset:])
+            return None
+        pending = self.pending
+        taken = self.position + len(pending) - self.chunk_at  # the next byte of the chunk to take
+        while (header := _read_header(pending, 0, self.position)) is None:
+            if taken >= len(self.chunk):
+                return None
+            self._check_end(pending)
+            wanted = LOG_OVERHEAD if len(pending) < LOG_OVERHEAD else LOG_OVERHEAD + _length(pending)
+            part = memoryview(self.chunk)[taken : taken + wanted - len(pending)]
+            pending += part
+            taken += len(part)
+        self.pending = None
+        return self._served(Batch(header, pending, self.position))  # the one copy: never written again
+
+    def finish(self) -> None:
+        """The chunks ran out: the log must end on a batch boundary (at `end`, when known)."""
+        if self.pending is not None:
+            raise DecodeError(f"the log ends inside the record batch at byte {self.position}"
+                              f" ({len(self.pending)} bytes of it)")
+        if self.end is not None and self.position < self.end:
+            raise DecodeError(f"the log ends at byte {self.position}, before its end at byte {self.end}")
+
+    def _served(self, batch: Batch) -> Batch:
+        self.position += batch.header.size
+        if self.end is not None and self.position > self.end:
+            raise DecodeError(f"the record batch at byte {batch.position} runs past the end of the"
+                              f" {self.end}-byte log")
+        return batch
+
+    def _check_end(self, start: bytes | bytearray | memoryview) -> None:
+        """A batch whose length field says it runs past the log's end fails now, before
+        the chunks it would need are asked for."""
+        if self.end is not None and len(start) >= LOG_OVERHEAD:
+            size = LOG_OVERHEAD + _length(start)
+            if self.position + size > self.end:
+                raise DecodeError(f"the record batch at byte {self.position} ({size} bytes) runs past the end"
+                                  f" of the {self.end}-byte log")
+
+
+def _length(start: bytes | bytearray | memoryview) -> int:
+    return _PREFIX.unpack_from(start, 0)[1]
+
+
+def log_batches(
+    chunks: Iterable[bytes | bytearray | memoryview], *, position: int = 0, end: int | None = None
+) -> Iterator[Batch]:
+    """Every batch of a log given as consecutive chunks, the first starting at byte
+    `position` of the log (where the walk starts); `end` is the log's size when known.
+
+    A log that ends inside a batch, or bytes that cannot be a v2 batch, raise DecodeError
+    naming the byte of the log.
+    """
+    reassembly = _Reassembly(position, end)
+    pieces = iter(chunks)
+    while True:
+        batch = reassembly.next()
+        if batch is not None:
+            yield batch
+        elif reassembly.at_end:
+            return
+        elif (chunk := next(pieces, None)) is not None:
+            reassembly.feed(chunk)
+        else:
+            reassembly.finish()
+            return
+
+
+async def log_batches_async(
+    chunks: AsyncIterable[bytes | bytearray | memoryview], *, position: int = 0, end: int | None = None
+) -> AsyncIterator[Batch]:
+    """`log_batches` over chunks that arrive asynchronously (a chunk is awaited only when
+    a batch needs it)."""
+    reassembly = _Reassembly(position, end)
+    pieces = aiter(chunks)
+    while True:
+        batch = reassembly.next()
+        if batch is not None:
+            yield batch
+        elif reassembly.at_end:
+            return
+        elif (chunk := await anext(pieces, None)) is not None:
+            reassembly.feed(chunk)
+        else:
+            reassembly.finish()
+            return
 
 
 def crc_valid(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> bool:

@@ -23,8 +23,8 @@ from tierproxy.storage.model import TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.config import Config, TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE
-from .remote_metrics import RemoteMetrics
-from .remote_read import RemoteReadEngine
+from tierproxy.remote_log.engine import RemoteReadEngine
+from tierproxy.remote_log.metrics import RemoteMetrics
 
 log = logging.getLogger("tierproxy.tiered")
 

@@ -108,6 +108,11 @@ class RemoteStorageManager(abc.ABC):
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
         """The whole index, checked against the manifest's size and CRC-32C."""
 
+    async def checks_log_blocks(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        """Whether `fetch_log_segment` checks every block of the segment's `.log` against a
+        CRC-32C before passing it on. A store that does not leaves the check to its reader."""
+        return False
+
     @abc.abstractmethod
     async def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
         """Remove the segment's objects, manifest first. Deleting what is gone succeeds."""
@@ -293,6 +298,10 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             self._forget(metadata)
             raise
         return data
+
+    async def checks_log_blocks(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        # Manifests written before block checksums give ranged reads the size check only.
+        return bool(_entry(await self._manifest(metadata), metadata, ObjectType.LOG).blocks)
 
     async def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
         self._forget(metadata)

@@ -65,8 +65,8 @@ from tierproxy.protocol.codecs import INTERCEPTED
 from tierproxy.storage.errors import MetadataNotReady
 from tierproxy.storage.model import TopicIdPartition
 
-from ..reader_pool import ReadOutcome
-from ..remote_read import RemoteReadResult
+from tierproxy.remote_log.reader import RemoteReadResult
+from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
@@ -96,13 +96,17 @@ _NO_TAGGED_FIELDS = b"\x00"
 class _Remote:
     """One partition the remote tier answers in this request."""
 
-    __slots__ = ("topic_key", "request", "tp", "offsets", "outcome", "error", "min_one_batch", "answer")
+    __slots__ = ("topic_key", "request", "tp", "offsets", "remote_log_start", "outcome", "error", "min_one_batch",
+                 "answer")
 
-    def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets) -> None:
+    def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets,
+                 remote_log_start: int | None = None) -> None:
         self.topic_key = topic_key
         self.request = request
         self.tp = tp
         self.offsets = offsets
+        #: The remote log start offset when this request read it already (None: not yet).
+        self.remote_log_start = remote_log_start
         self.outcome: ReadOutcome[RemoteReadResult] | None = None  # None: not read this time
         self.error: ErrorCode | None = None
         self.min_one_batch = False
@@ -318,20 +322,20 @@ class FetchFilter(Filter):
                 remote_start = -1  # decided below, once the broker's offsets are known
             if remote_start is None or fetch_partition.fetch_offset < max(remote_start, 0):
                 continue  # below the remote log start: the client's reset policy applies
-            candidates.append((key, fetch_partition, tp))
+            candidates.append((key, fetch_partition, tp, remote_start if remote_start >= 0 else None))
         # A fresh proof below whose local log start the position lies stands (a fetch
         # session meets this on every request); otherwise the broker is asked.
-        unproven = {(tp.topic, tp.partition) for _, fetch_partition, tp in candidates
+        unproven = {(tp.topic, tp.partition) for _, fetch_partition, tp, _ in candidates
                     if not _proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
         if unproven:
             await self._refresh(unproven, request.isolation_level, state, queries)
         remote = []
-        for key, fetch_partition, tp in candidates:
+        for key, fetch_partition, tp, remote_start in candidates:
             offsets = state.proven.get((tp.topic_id, tp.partition))
             if offsets is None or fetch_partition.fetch_offset >= offsets.local_log_start:
                 state.proven.pop((tp.topic_id, tp.partition), None)
                 continue  # above the log end, or the broker refuses: its answer stands
-            remote.append(_Remote(key, fetch_partition, tp, offsets))
+            remote.append(_Remote(key, fetch_partition, tp, offsets, remote_start))
         return remote
 
     # ------------------------------------------------------------------ reading
@@ -352,13 +356,16 @@ class FetchFilter(Filter):
         chosen[0].min_one_batch = used == 0  # KIP-74: the first partition gets one whole batch
 
         async def read(entry: _Remote) -> None:
-            try:
-                if self.tier.remote_log_start(entry.tp) is None:
+            remote_start = entry.remote_log_start
+            if remote_start is None:
+                try:
+                    remote_start = self.tier.remote_log_start(entry.tp)
+                except MetadataNotReady as e:
+                    entry.error = self.tier.error_code_for(entry.tp, e, "FETCH")
+                    return
+                if remote_start is None:
                     entry.error = ErrorCode.offset_out_of_range
                     return
-            except MetadataNotReady as e:
-                entry.error = self.tier.error_code_for(entry.tp, e, "FETCH")
-                return
             entry.outcome = await self.tier.engine.read(
                 entry.tp,
                 entry.request.fetch_offset,
@@ -366,6 +373,7 @@ class FetchFilter(Filter):
                 min_one_batch=entry.min_one_batch,
                 leader_epoch=getattr(entry.request, "current_leader_epoch", -1),
                 isolation_level=request.isolation_level,
+                log_start_offset=remote_start,
             )
 
         await asyncio.gather(*(read(entry) for entry in chosen))

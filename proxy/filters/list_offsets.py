@@ -22,7 +22,7 @@ import dataclasses
 import datetime
 import logging
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.static.primitive import i32, i64
 
@@ -31,6 +31,7 @@ from tierproxy.protocol.codecs import INTERCEPTED, make_entity, nested_entities
 from tierproxy.protocol.codecs import request_schema, response_schema
 from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
 from tierproxy.storage.model import TopicIdPartition
+from tierproxy.remote_log.reader_pool import ReadOutcome
 
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
@@ -42,6 +43,7 @@ log = logging.getLogger("tierproxy.list_offsets")
 
 # The version that first allows -5; advertised even when the broker stops below it.
 _TIERED_VERSION = OffsetSpec.LATEST_TIERED_TIMESTAMP.min_version
+T = TypeVar("T")
 
 
 class ListOffsetsFilter(Filter):
@@ -129,27 +131,43 @@ class ListOffsetsFilter(Filter):
             if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
                 answer.update(timestamp=-1, offset=-1, leader_epoch=-1)
             return answer
-        reader = self.tier.engine.reader
+        engine = self.tier.engine
         try:
             if spec == OffsetSpec.EARLIEST:
-                remote = reader.earliest_remote_offset(tp)
+                remote = _value(await engine.earliest_remote_offset(tp))
                 if remote is not None and remote.offset < broker.offset:
                     answer.update(timestamp=-1, offset=remote.offset, leader_epoch=remote.leader_epoch)
             elif spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
-                remote = reader.latest_tiered_offset(tp)
+                remote = _value(await engine.latest_tiered_offset(tp))
                 answer.update(timestamp=-1, offset=remote.offset if remote else -1,
                               leader_epoch=remote.leader_epoch if remote else -1)
             elif spec == OffsetSpec.MAX_TIMESTAMP:
-                remote = await reader.max_timestamp(tp)
+                remote = _value(await engine.max_timestamp(tp))
                 if remote is not None and remote.timestamp > broker.timestamp:
                     answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
             elif spec >= 0:
-                remote = await reader.offset_for_timestamp(tp, spec)
+                remote = _value(await engine.offset_for_timestamp(tp, spec))
                 if remote is not None and (broker.offset < 0 or remote.offset < broker.offset):
                     answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
         except (MetadataNotReady, RemoteStorageError) as e:
             answer = dict(error_code=self.tier.error_code_for(tp, e, "LIST_OFFSETS"))
+        except _Expired:
+            answer = dict(error_code=ErrorCode.request_timed_out)  # remote.list.offsets.request.timeout.ms
+            self.tier.metrics.partition_error("LIST_OFFSETS", ErrorCode.request_timed_out)
         return answer
+
+
+class _Expired(Exception):
+    """A remote lookup ran out of remote.list.offsets.request.timeout.ms."""
+
+
+def _value(outcome: ReadOutcome[T]) -> T | None:
+    """The outcome's value; its error raised, or _Expired."""
+    if outcome.expired:
+        raise _Expired
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value
 
 
 def _allowed(spec: int, version: int) -> bool:

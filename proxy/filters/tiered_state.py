@@ -24,7 +24,7 @@ from ..metrics import api_name
 from .fetch_session import FetchSessionPositions
 
 if TYPE_CHECKING:
-    from ..remote_metrics import RemoteMetrics
+    from tierproxy.remote_log.metrics import RemoteMetrics
     from .context import ConnectionContext
 
 __all__ = ("OFFSETS_MAX_AGE_S", "PartitionOffsets", "TieredConnectionState", "broker_queries")

@@ -18,20 +18,20 @@ follower appends whole fetched chunks, one index entry per chunk at most; its
 offset index may be sparser, its lookups still land on a batch start at or
 before the target.)
 
-A `.log` given by path is read in chunks, never whole; a 1 GiB segment costs
-one chunk of memory plus one index entry per `index.interval.bytes`.
+A `.log` given by path is read in chunks, never whole (`protocol.records.log_batches`
+joins a batch cut by a chunk boundary); a 1 GiB segment costs a chunk of memory plus
+one index entry per `index.interval.bytes`.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.records import LOG_OVERHEAD, BatchHeader, crc_valid, read_batch_header
+from tierproxy.protocol.records import BatchHeader, crc_valid, log_batches
 from tierproxy.storage.model import LogSegmentData
 
 from . import CorruptLogError
@@ -44,7 +44,6 @@ from .transaction_index import AbortedTxn
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
 DEFAULT_CHUNK_BYTES = 1 << 20
 _INT32_MAX = 2**31 - 1
-_LENGTH = struct.Struct(">i")
 
 LogSource = str | os.PathLike | bytes | bytearray | memoryview
 
@@ -234,39 +233,19 @@ def write_segment_files(
 
 def _walk(log: LogSource, chunk_bytes: int) -> Iterator[tuple[BatchHeader, bytes | bytearray | memoryview, int]]:
     """(header, buffer holding the batch at header.position, batch position in the .log)."""
-    if isinstance(log, (str, os.PathLike)):
-        yield from _walk_file(Path(log), chunk_bytes)
+    if not isinstance(log, (str, os.PathLike)):
+        yield from _batches([log], len(log), "segment")
         return
-    position = 0
-    try:
-        while (header := read_batch_header(log, position)) is not None:
-            yield header, log, position
-            position = header.end_position
-    except DecodeError as e:
-        raise CorruptLogError(str(e)) from None
-    if position != len(log):
-        raise CorruptLogError(f"segment ends with {len(log) - position} bytes that are not a whole batch")
-
-
-def _walk_file(path: Path, chunk_bytes: int) -> Iterator[tuple[BatchHeader, bytearray, int]]:
-    buffer = bytearray()
-    start = 0  # position in the file of buffer[0]
-    want = chunk_bytes
+    path = Path(log)
     with path.open("rb") as file:
-        while data := file.read(want):
-            buffer += data
-            used = 0
-            try:
-                while (header := read_batch_header(buffer, used)) is not None:
-                    yield header, buffer, start + used
-                    used = header.end_position
-            except DecodeError as e:
-                raise CorruptLogError(f"{path} at byte {start + used}: {e}") from None
-            del buffer[:used]
-            start += used
-            # Read at least the rest of a batch larger than a chunk in one go.
-            want = chunk_bytes
-            if len(buffer) >= LOG_OVERHEAD:
-                want = max(chunk_bytes, LOG_OVERHEAD + _LENGTH.unpack_from(buffer, 8)[0] - len(buffer))
-    if buffer:
-        raise CorruptLogError(f"{path} ends with {len(buffer)} bytes that are not a whole batch")
+        size = os.fstat(file.fileno()).st_size
+        yield from _batches(iter(lambda: file.read(chunk_bytes), b""), size, str(path))
+
+
+def _batches(chunks: Iterable[bytes | bytearray | memoryview], size: int,
+             name: str) -> Iterator[tuple[BatchHeader, bytes | bytearray | memoryview, int]]:
+    try:
+        for batch in log_batches(chunks, end=size):
+            yield batch.header, batch.buffer, batch.position
+    except DecodeError as e:
+        raise CorruptLogError(f"{name}: {e}") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -17,20 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from tierproxy.protocol.records import ControlType, iter_batches
-from tierproxy.storage.indexes import build_segment_indexes, write_indexes
 from tierproxy.storage.indexes.producer_snapshot import ProducerState
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tierproxy.storage.model import (
-    LogSegmentData,
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import LogSegmentData, RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.segment_copy import copy_segment, finish_segment_copy
 from tests.helpers.batches import batch, control_batch
 
 
@@ -95,8 +87,9 @@ async def add_segment(
     workdir: Path,
     *,
     index_interval_bytes: int = 256,
+    end_offset: int | None = None,
 ) -> RemoteLogSegmentMetadata:
-    """Write the batches as one segment, build its indexes, copy it and mark it COPY_SEGMENT_FINISHED."""
+    """Write the batches as one segment, copy it with its indexes and commit it COPY_SEGMENT_FINISHED."""
     log = b"".join(batches)
     headers = list(iter_batches(log))
     assert sum(h.size for h in headers) == len(log), "batches must be whole"
@@ -105,37 +98,17 @@ async def add_segment(
     directory.mkdir(parents=True)
     log_path = directory / f"{base:020d}.log"
     log_path.write_bytes(log)
-    indexes = await asyncio.to_thread(
-        build_segment_indexes, log_path, base, index_interval_bytes=index_interval_bytes,
-        initial_producer_state=partition.producer_state, initial_leader_epochs=partition.leader_epochs,
-    )
-    data = write_indexes(indexes, log_path, directory)
-    now = int(time.time() * 1000)
-    metadata = RemoteLogSegmentMetadata(
-        segment_id=RemoteLogSegmentId.generate(partition.tp),
-        start_offset=base,
-        end_offset=indexes.end_offset,
-        max_timestamp_ms=indexes.max_timestamp_ms,
-        leader_epoch=max(indexes.last_leader_epoch, 0),
-        event_timestamp_ms=now,
-        segment_leader_epochs=indexes.segment_leader_epochs,
-        segment_size_in_bytes=indexes.size_in_bytes,
-        txn_index_empty=indexes.txn_index_empty,
-    )
-    await rsm.copy_log_segment_data(metadata, data)
-    await rlmm.add_remote_log_segment_metadata(metadata)
-    update = RemoteLogSegmentMetadataUpdate(
-        metadata.segment_id, now, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, metadata.leader_epoch
-    )
-    await rlmm.update_remote_log_segment_metadata(update)
-    finished = metadata.with_update(update)
+    copied = await copy_segment(rsm, rlmm, partition.tp, log_path, base, directory,
+                                producer_state=partition.producer_state, leader_epochs=partition.leader_epochs,
+                                index_interval_bytes=index_interval_bytes, end_offset=end_offset)
+    finished = await finish_segment_copy(rlmm, copied.metadata)
     number = len(partition.segments)
     partition.segments.append(finished)
-    partition.segment_data.append(data)
+    partition.segment_data.append(copied.data)
     for h in headers:
         partition.batches.append(StoredBatch(h.base_offset, h.last_offset, log[h.position : h.end_position], number))
-    partition.producer_state = indexes.producer_state
-    partition.leader_epochs = tuple(tuple(e) for e in indexes.leader_epochs)
+    partition.producer_state = copied.indexes.producer_state
+    partition.leader_epochs = tuple(tuple(e) for e in copied.indexes.leader_epochs)
     return finished
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tierproxy.cache.chunk_cache import ChunkCache
-from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.storage.errors import RemoteStorageError
 
 from .remote_log import CountingRSM, build_partition, local_remote_log

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tierproxy.cache.index_cache import ENTRY_OVERHEAD_BYTES, TEMP_FILE_AGE_S, RemoteIndexCache, prune_index_directory
-from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.indexes import OffsetIndex, TimeIndex, TransactionIndex
 from tierproxy.storage.model import IndexType

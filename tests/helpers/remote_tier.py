@@ -2,13 +2,12 @@
 
 For tests of what reads the remote tier: fetch the raw log (Fetch v12, READ_UNCOMMITTED,
 so control batches and aborted data come too), cut it into segments on batch
-boundaries, build every index with `storage.indexes`, copy with the
-RemoteStorageManager and commit the metadata (COPY_SEGMENT_STARTED, then FINISHED).
+boundaries and copy each with `storage.segment_copy` (indexes, COPY_SEGMENT_STARTED,
+the copy), then commit it COPY_SEGMENT_FINISHED.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,17 +18,11 @@ from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import fetch_request, list_offsets_request, metadata_request
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.config.addresses import parse_host_port
-from tierproxy.storage.indexes import build_segment_indexes, segment_file_name, write_indexes
-from tierproxy.storage.indexes.producer_snapshot import ProducerState
+from tierproxy.storage.indexes import segment_file_name
 from tierproxy.storage.metadata import RemoteLogMetadataManager
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.segment_copy import copy_segment, finish_segment_copy
 
 FETCH_MAX_BYTES = 1 << 20
 
@@ -104,35 +97,16 @@ async def tier_log(
     """Copy the log's segments and commit them FINISHED; returns their metadata, oldest first."""
     directory = Path(work_dir) / str(topic_id_partition)
     directory.mkdir(parents=True, exist_ok=True)
-    state = ProducerState()
-    epochs: tuple = ()
+    state, epochs = None, ()
     tiered = []
     for piece in cut_segments(log, segment_bytes=segment_bytes, cut_offsets=cut_offsets):
         base_offset = next(iter_batches(piece)).base_offset
         log_path = directory / segment_file_name(base_offset, ".log")
         log_path.write_bytes(piece)
-        indexes = build_segment_indexes(log_path, base_offset, initial_producer_state=state,
-                                        initial_leader_epochs=epochs)
-        state, epochs = indexes.producer_state, indexes.leader_epochs
-        segment_data = write_indexes(indexes, log_path, directory, overwrite=True)
-        metadata = RemoteLogSegmentMetadata(
-            segment_id=RemoteLogSegmentId.generate(topic_id_partition),
-            start_offset=indexes.base_offset,
-            end_offset=indexes.end_offset,
-            max_timestamp_ms=indexes.max_timestamp_ms,
-            leader_epoch=max(indexes.last_leader_epoch, 0),
-            event_timestamp_ms=_now_ms(),
-            segment_leader_epochs=indexes.segment_leader_epochs,
-            segment_size_in_bytes=indexes.size_in_bytes,
-            txn_index_empty=indexes.txn_index_empty,
-        )
-        await rlmm.add_remote_log_segment_metadata(metadata)
-        await rsm.copy_log_segment_data(metadata, segment_data)
-        finished = RemoteLogSegmentMetadataUpdate(
-            metadata.segment_id, _now_ms(), RemoteLogSegmentState.COPY_SEGMENT_FINISHED, metadata.leader_epoch
-        )
-        await rlmm.update_remote_log_segment_metadata(finished)
-        tiered.append(metadata.with_update(finished))
+        copied = await copy_segment(rsm, rlmm, topic_id_partition, log_path, base_offset, directory,
+                                    producer_state=state, leader_epochs=epochs)
+        state, epochs = copied.indexes.producer_state, copied.indexes.leader_epochs
+        tiered.append(await finish_segment_copy(rlmm, copied.metadata))
     return tiered
 
 
@@ -163,6 +137,3 @@ async def tier_from_broker(
     async with await KafkaConnection.open(*parse_host_port(first)) as conn:
         return await tier_raw_log(conn, topic, partition, **options)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -29,7 +29,7 @@ PROJECT = PYPROJECT["project"]
 NOT_IN_CORE = {"pyspark", "pandas", "pyarrow", "confluent-kafka"}
 BLOCKED_MODULES = ("pyspark", "py4j", "pandas", "pyarrow", "confluent_kafka")
 # The proxy's layers (every module) and the commands the proxy image runs.
-CORE_PACKAGES = ("protocol", "config", "client", "storage", "cache", "proxy")  # folders; tierproxy.<folder>
+CORE_PACKAGES = ("protocol", "config", "client", "storage", "cache", "remote_log", "proxy")  # folders; tierproxy.<folder>
 CORE_COMMANDS = ("tierproxy", "tierproxy.cli", "tierproxy.serve", "tierproxy.status", "tierproxy.config_check")
 
 

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = {
     "tierproxy": "tierproxy",
     **{f"tierproxy.{folder}": folder
-       for folder in ("config", "client", "proxy", "protocol", "storage", "cache", "pipeline")},
+       for folder in ("config", "client", "proxy", "protocol", "storage", "cache", "remote_log", "pipeline")},
 }
 
 

@@ -3,6 +3,7 @@
     protocol                      the wire, no I/O
     config, client                declarations; tierproxy's own Kafka client
     storage, cache                remote segments and metadata; the caches
+    remote_log                    the remote read side (Kafka's RemoteLogManager read path)
     proxy | pipeline              the two services (neither imports the other)
     tierproxy                     the command
 
@@ -27,10 +28,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "client": {"protocol", "config"},
     "storage": {"protocol", "config", "client"},
     "cache": {"protocol", "config", "client", "storage"},
-    "proxy": {"protocol", "config", "client", "storage", "cache"},
-    "pipeline": {"protocol", "config", "client", "storage", "cache"},
-    "tierproxy": {"protocol", "config", "client", "storage", "cache", "proxy", "pipeline"},
-    "testbed": {"protocol", "config", "client", "storage", "cache", "proxy", "pipeline", "tierproxy"},
+    "remote_log": {"protocol", "config", "client", "storage", "cache"},
+    "proxy": {"protocol", "config", "client", "storage", "cache", "remote_log"},
+    "pipeline": {"protocol", "config", "client", "storage", "cache", "remote_log"},
+    "tierproxy": {"protocol", "config", "client", "storage", "cache", "remote_log", "proxy", "pipeline"},
+    "testbed": {"protocol", "config", "client", "storage", "cache", "remote_log", "proxy", "pipeline", "tierproxy"},
 }
 OURS = set(MAY_IMPORT)
 

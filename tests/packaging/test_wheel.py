@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # folders installed as tierproxy.<folder>
-LAYERS = ("protocol", "config", "client", "storage", "cache", "proxy", "pipeline")
+LAYERS = ("protocol", "config", "client", "storage", "cache", "remote_log", "proxy", "pipeline")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from tierproxy.client.security import parse_jaas
 from tierproxy.config import parse
 from tierproxy.cli import build_parser
 from tierproxy.proxy.metrics import ProxyMetrics
-from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.remote_log.metrics import RemoteMetrics
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 

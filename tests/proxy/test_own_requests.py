@@ -21,7 +21,7 @@ from tierproxy.protocol.headers import parse_response_header, peek_request_heade
 from tierproxy.protocol.requests import list_offsets_request, milliseconds
 from tierproxy.proxy.filters import ConnectionContext, OwnCorrelationIds
 from tierproxy.proxy.filters.tiered_state import broker_queries
-from tierproxy.proxy.remote_metrics import RemoteMetrics
+from tierproxy.remote_log.metrics import RemoteMetrics
 
 
 def _answer(correlation_id: int, offset: int) -> memoryview:

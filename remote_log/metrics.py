@@ -57,7 +57,8 @@ class RemoteMetrics:
             registry=r)
         self.fetch_expired = Counter(
             "tierproxy_remote_fetch_expired",
-            "Remote reads still running when remote.fetch.max.wait.ms ran out (answered with empty records).",
+            "Remote reads still running when remote.fetch.max.wait.ms ran out (answered with empty records), "
+            "or remote.list.offsets.request.timeout.ms for a ListOffsets lookup (REQUEST_TIMED_OUT).",
             ["topic"], registry=r)
         self.not_available = Counter(
             "tierproxy_tiered_storage_not_available",

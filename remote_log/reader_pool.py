@@ -30,7 +30,7 @@ from typing import Generic, TypeVar
 from tierproxy.storage.backoff import read_deadline
 from tierproxy.storage.errors import RemoteStorageError
 
-from .remote_metrics import ReadErrorReason, RemoteMetrics
+from .metrics import ReadErrorReason, RemoteMetrics
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tierproxy.config import parse
-from tierproxy.proxy.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
-from tierproxy.proxy.remote_metrics import RemoteMetrics
-from tierproxy.proxy.remote_read import RemoteReadEngine
+from tierproxy.remote_log.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.engine import RemoteReadEngine
 from tierproxy.storage.errors import RemoteStorageError
-from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log
+from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log, new_tp
 
 
 class Gate:
@@ -163,4 +163,43 @@ async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
         second = partition.segments[1].start_offset
         expired = await engine.read(partition.tp, second, 1 << 20, min_one_batch=True)
         assert expired == ReadOutcome(expired=True)
+        await engine.close()
+
+
+async def test_engine_list_offsets_lookups_run_on_the_pool_within_its_bounds(tmp_path: Path) -> None:
+    config = parse({
+        "bootstrap.servers": "127.0.0.1:9092",
+        "remote.log.reader.threads": "1",
+        "remote.log.reader.max.pending.tasks": "1",
+        "remote.list.offsets.request.timeout.ms": "100",
+    })
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        slow = CountingRSM(rsm)
+        engine = RemoteReadEngine.from_config(config, slow, rlmm, RemoteMetrics())
+        await engine.start()
+        assert engine.list_offsets_timeout_s == 0.1
+        tp = partition.tp
+        found = await engine.offset_for_timestamp(tp, 0)
+        assert found.value.offset == partition.log_start_offset and found.error is None
+        assert (await engine.max_timestamp(tp)).value.offset == partition.log_end_offset
+        assert (await engine.earliest_remote_offset(tp)).value == (partition.log_start_offset, 0)
+        assert (await engine.latest_tiered_offset(tp)).value == (partition.log_end_offset, 0)
+
+        # Every reader busy and the queue full: the lookup is refused at once.
+        gate = Gate()
+        busy = [engine.pool.submit(gate.read) for _ in range(2)]
+        refused = await asyncio.wait_for(engine.offset_for_timestamp(tp, 0), 1)
+        assert isinstance(refused.error, ReaderQueueFull)
+        # The metadata lookups take no reader.
+        assert (await engine.earliest_remote_offset(tp)).value == (partition.log_start_offset, 0)
+        gate.release.set()
+        await asyncio.gather(*busy)
+
+        # A lookup slower than remote.list.offsets.request.timeout.ms expires.
+        engine.index_cache.invalidate(partition.segments[1].segment_id.id)
+        slow.delay_s = 0.5
+        assert await engine.max_timestamp(tp) == ReadOutcome(expired=True)
+        unknown = await engine.latest_tiered_offset(new_tp())
+        assert unknown.value is None and unknown.error is None
         await engine.close()

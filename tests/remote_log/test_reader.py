@@ -13,9 +13,9 @@ import pytest
 
 from tierproxy.cache.chunk_cache import ChunkCache
 from tierproxy.cache.index_cache import RemoteIndexCache
-from tierproxy.proxy.reader_pool import RemoteLogReaderPool
-from tierproxy.proxy.remote_metrics import RemoteMetrics
-from tierproxy.proxy.remote_read import IsolationLevel, RemoteLogReader, RemoteReadResult
+from tierproxy.remote_log.reader_pool import RemoteLogReaderPool
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader, RemoteReadResult
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
 from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady
 from tierproxy.storage.indexes.transaction_index import AbortedTxn
@@ -60,8 +60,7 @@ def make_reader(
 
 
 async def close(reader: RemoteLogReader) -> None:
-    await reader.chunk_cache.close()
-    await reader.index_cache.close()
+    await reader.close()
 
 
 def check(result: RemoteReadResult, partition: Partition, fetch_offset: int, max_bytes: int, min_one: bool) -> None:
@@ -493,3 +492,63 @@ async def test_block_checksums_refuse_a_same_size_change_that_keeps_the_batch_cr
         result = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
         assert b"".join(result.records) == b"".join(b.data for b in partition.batches)
         await close(reader)
+
+
+async def test_batch_crcs_are_checked_only_where_the_store_checks_no_blocks(tmp_path: Path, monkeypatch) -> None:
+    """The store checks every block of a chunk as it loads; a read then checks no batch CRC
+    (cache hits included). A segment whose manifest has no block checksums has each batch's
+    CRC-32C checked as it is read, hit or miss."""
+    from tierproxy.remote_log import reader as reader_module
+
+    checked = []
+
+    def counting_crc_valid(buffer, header):
+        checked.append(header.base_offset)
+        return crc_valid(buffer, header)
+
+    monkeypatch.setattr(reader_module, "crc_valid", counting_crc_valid)
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        reader = make_reader(rsm, rlmm)
+        for _ in range(2):  # a miss, then hits
+            result = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+            check(result, partition, partition.log_start_offset, 1 << 20, True)
+        assert checked == []
+        await close(reader)
+
+        _without_block_checksums(rsm, partition)
+        reader = make_reader(rsm, rlmm)
+        for _ in range(2):
+            result = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
+            check(result, partition, partition.log_start_offset, 1 << 20, True)
+        assert checked == [b.base_offset for b in partition.batches] * 2
+        await close(reader)
+
+
+async def test_the_batch_iterator_reads_from_a_position_and_loads_only_what_it_needs(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
+        segment = partition.segments[0]
+        counting = CountingRSM(rsm)
+        reader = make_reader(counting, None, chunk_size=CHUNK)  # a reader of given segments: no metadata
+        target = partition.batches[9]
+        position = (await reader.index_cache.offset_index(segment)).lookup(target.base_offset + 1).position
+        assert position < sum(len(b.data) for b in partition.batches[:9])  # the index lands before it
+        served = [bytes(b.view) async for b in reader.batches(segment, position, from_offset=target.base_offset + 1)]
+        assert served == [b.data for b in partition.batches[9:]]
+        assert sorted(start for _, start, _ in counting.range_reads) == \
+            [i * CHUNK for i in range(position // CHUNK, reader.chunk_cache.chunk_count(segment))]
+
+        # A reader that stops after one batch has loaded the chunks of that batch only.
+        cold = make_reader(counting, None, chunk_size=CHUNK, read_ahead=0)
+        counting.range_reads.clear()
+        batches = cold.batches(segment, 0)
+        first = await anext(batches)
+        await batches.aclose()
+        assert bytes(first.view) == partition.batches[0].data
+        assert [start for _, start, _ in counting.range_reads] == \
+            [i * CHUNK for i in range(0, (len(partition.batches[0].data) - 1) // CHUNK + 1)]
+        with pytest.raises(RuntimeError, match="no metadata manager"):
+            await cold.read(partition.tp, 0, 100, min_one_batch=True)
+        await close(reader)
+        await close(cold)

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tierproxy.proxy.remote_metrics import RemoteMetrics
-from tierproxy.proxy.remote_read import IsolationLevel
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.reader import IsolationLevel
 from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.s3 import S3Server
 from tests.cache.remote_log import build_partition
 
-from .test_remote_read import check, close, make_reader
+from .test_reader import check, close, make_reader
 
 pytestmark = pytest.mark.s3
 
