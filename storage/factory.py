@@ -11,18 +11,22 @@ from typing import Any
 
 from tierproxy.client.security import aiokafka_options
 
+from .encryption import KeyRing
 from .metadata import RemoteLogMetadataManager
 from .rsm import RemoteStorageManager
 from tierproxy.config import BOOTSTRAP_SERVERS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR, REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS, REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR, REMOTE_LOG_STORAGE_BACKEND, REMOTE_LOG_STORAGE_KEY_PREFIX, REMOTE_LOG_STORAGE_LOCAL_DIR, REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID, REMOTE_LOG_STORAGE_S3_BUCKET, REMOTE_LOG_STORAGE_S3_ENDPOINT_URL, REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS, REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS, REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES, REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES, REMOTE_LOG_STORAGE_S3_REGION, REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS, REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY
 
 
 def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageManager:
+    """Reads the encryption keys' files now: a missing or malformed one is a ConfigError
+    naming the key and the file."""
     backend = config[REMOTE_LOG_STORAGE_BACKEND]
     prefix = config[REMOTE_LOG_STORAGE_KEY_PREFIX]
+    keys = KeyRing.from_config(config)
     if backend == "local":
         from .local import LocalRemoteStorageManager
 
-        return LocalRemoteStorageManager(config[REMOTE_LOG_STORAGE_LOCAL_DIR], prefix=prefix)
+        return LocalRemoteStorageManager(config[REMOTE_LOG_STORAGE_LOCAL_DIR], prefix=prefix, keys=keys)
     if backend == "s3":
         from .s3 import S3RemoteStorageManager
 
@@ -41,6 +45,7 @@ def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageMana
             retry_jitter=config[REMOTE_LOG_MANAGER_TASK_RETRY_JITTER],
             max_attempts=config[REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS],
             request_timeout_ms=config[REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS],
+            keys=keys,
         )
     raise ValueError(f"remote.log.storage.backend={backend!r}: must be local or s3")
 

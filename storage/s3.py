@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -26,6 +25,7 @@ from botocore import exceptions as boto
 
 from .backoff import ExponentialBackoff, retry_fits
 from .errors import RemoteResourceNotFound, RemoteStorageError
+from .encryption import KeyRing
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
 
@@ -102,6 +102,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         request_timeout_ms: int = 30_000,
         chunk_bytes: int = MIB,
         manifest_cache_size: int = 1024,
+        keys: KeyRing | None = None,
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -110,7 +111,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         if max_connections < 1 or max_attempts < 1 or chunk_bytes < 1 or request_timeout_ms < 1:
             raise ValueError("max_connections, max_attempts, chunk_bytes and request_timeout_ms must be positive")
         self.backoff = ExponentialBackoff(retry_backoff_ms, retry_backoff_max_ms, retry_jitter)
-        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size)
+        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size, keys=keys)
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         self.region = region
@@ -192,18 +193,14 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     # -- primitives -------------------------------------------------------------
 
-    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
-        try:
-            size = (await asyncio.to_thread(path.stat)).st_size
-        except OSError as e:
-            raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+    async def _put_stream(self, key: str, chunks: Iterator[bytes], size: int) -> ObjectEntry:
         if size < self.multipart_threshold_bytes:
-            data = await _read_local(path)  # below the threshold: bounded by configuration
+            data = await asyncio.to_thread(b"".join, chunks)  # below the threshold: bounded by configuration
             await self._put_bytes(key, data)
             return entry_of(data)
-        return await self._put_multipart(key, path)
+        return await self._put_multipart(key, _Parts(chunks, self.multipart_part_bytes))
 
-    async def _put_multipart(self, key: str, path: Path) -> ObjectEntry:
+    async def _put_multipart(self, key: str, source: _Parts) -> ObjectEntry:
         where = self._where(key)
         created = await self._call(
             "create_multipart_upload",
@@ -215,11 +212,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         parts = []
         try:
             try:
-                f = await asyncio.to_thread(open, path, "rb")
-            except OSError as e:
-                raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
-            try:
-                while part := await _read_part(f, path, self.multipart_part_bytes):
+                while part := await asyncio.to_thread(source.take):
                     number = len(parts) + 1
                     if number > S3_MAX_PARTS:
                         raise RemoteStorageError(f"{where}: more than {S3_MAX_PARTS} parts", retriable=False)
@@ -233,7 +226,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     )
                     parts.append({"PartNumber": number, "ETag": response["ETag"]})
             finally:
-                await asyncio.to_thread(f.close)
+                await asyncio.to_thread(source.close)
             await self._call(
                 "complete_multipart_upload",
                 f"complete multipart upload {where}",
@@ -368,15 +361,27 @@ def _object_size_of(response: dict[str, Any], where: str) -> int:
     return int(total)
 
 
-async def _read_local(path: Path) -> bytes:
-    try:
-        return await asyncio.to_thread(path.read_bytes)
-    except OSError as e:
-        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+class _Parts:
+    """Parts of `part_bytes` (the last may be shorter) taken from a stream of chunks of any
+    size; `take` and `close` run in a worker thread, as the stream reads a file."""
 
+    def __init__(self, chunks: Iterator[bytes], part_bytes: int) -> None:
+        self._chunks = chunks
+        self._part_bytes = part_bytes
+        self._buffer = bytearray()
 
-async def _read_part(f: Any, path: Path, size: int) -> bytes:
-    try:
-        return await asyncio.to_thread(f.read, size)
-    except OSError as e:
-        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+    def take(self) -> bytes:
+        """The next part; empty at the end."""
+        while len(self._buffer) < self._part_bytes:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        part = bytes(self._buffer[:self._part_bytes])
+        del self._buffer[:self._part_bytes]
+        return part
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()  # a generator reading a file closes it
