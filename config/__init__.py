@@ -263,6 +263,13 @@ REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS = _define("remote.log.storage.s3.reques
         "remote storage", validator=Range(1))
 REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS = _define("remote.log.storage.s3.max.attempts", int, 5, "Attempts of one S3 request before it fails.",
         "remote storage", validator=Range(1))
+S3_SSE_MODES = ("", "AES256", "aws:kms")
+REMOTE_LOG_STORAGE_S3_SSE = _define("remote.log.storage.s3.sse", str, "",
+        "S3 server-side encryption asked for on every object written: AES256 (SSE-S3), aws:kms (SSE-KMS), "
+        "or empty for the bucket's default.", "remote storage", validator=OneOf(S3_SSE_MODES))
+REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID = _define("remote.log.storage.s3.sse.kms.key.id", str, "",
+        "KMS key (id, ARN or alias) of remote.log.storage.s3.sse=aws:kms; empty for the AWS managed key.",
+        "remote storage")
 
 # Envelope encryption of remote segments (storage/encryption.py)
 REMOTE_LOG_STORAGE_ENCRYPTION_KEYS = _define("remote.log.storage.encryption.keys", tuple, (),
@@ -560,6 +567,8 @@ def _check_encryption(values: Mapping[str, Any]) -> None:
         listed = ", ".join(ids) if ids else "no key"
         raise ConfigError(f"remote.log.storage.encryption.active.key={active}: not a key of "
                           f"remote.log.storage.encryption.keys (it lists {listed})")
+    if values["remote.log.storage.s3.sse.kms.key.id"] and values["remote.log.storage.s3.sse"] != "aws:kms":
+        raise ConfigError("remote.log.storage.s3.sse.kms.key.id needs remote.log.storage.s3.sse=aws:kms")
 
 
 def _check_security(values: Mapping[str, Any]) -> None:

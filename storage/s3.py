@@ -1,7 +1,9 @@
 """Remote segments in an S3 bucket, through aiobotocore.
 
 Reads are ranged GETs streamed in chunks; segments above a threshold go up as
-multipart uploads, aborted when any part fails. Retries are ours, not botocore's
+multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
+asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
+reads need nothing for it. Retries are ours, not botocore's
 (its retry budget is set to one attempt): Kafka's exponential backoff with jitter
 (`storage.backoff`, from `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms`
 and `.retry.jitter`), on retriable failures only, and for a proxy's read only while the
@@ -22,6 +24,8 @@ import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore import exceptions as boto
+
+from tierproxy.config import S3_SSE_MODES
 
 from .backoff import ExponentialBackoff, retry_fits
 from .errors import RemoteResourceNotFound, RemoteStorageError
@@ -103,6 +107,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         chunk_bytes: int = MIB,
         manifest_cache_size: int = 1024,
         keys: KeyRing | None = None,
+        sse: str = "",
+        sse_kms_key_id: str = "",
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -110,8 +116,14 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             raise ValueError(f"multipart_threshold_bytes must be positive, got {multipart_threshold_bytes}")
         if max_connections < 1 or max_attempts < 1 or chunk_bytes < 1 or request_timeout_ms < 1:
             raise ValueError("max_connections, max_attempts, chunk_bytes and request_timeout_ms must be positive")
+        if sse not in S3_SSE_MODES or (sse_kms_key_id and sse != "aws:kms"):
+            raise ValueError(f"sse must be one of {S3_SSE_MODES}, and a KMS key id needs aws:kms; got {sse!r}")
         self.backoff = ExponentialBackoff(retry_backoff_ms, retry_backoff_max_ms, retry_jitter)
         super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size, keys=keys)
+        # Arguments of every PutObject and CreateMultipartUpload.
+        self._sse = {"ServerSideEncryption": sse} if sse else {}
+        if sse_kms_key_id:
+            self._sse["SSEKMSKeyId"] = sse_kms_key_id
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         self.region = region
@@ -205,7 +217,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         created = await self._call(
             "create_multipart_upload",
             f"create multipart upload {where}",
-            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key),
+            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key, **self._sse),
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
@@ -245,7 +257,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
     async def _put_bytes(self, key: str, data: bytes) -> None:
         await self._call(
             "put",
-            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data, **self._sse)
         )
 
     async def _get_bytes(self, key: str) -> bytes:

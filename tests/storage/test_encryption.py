@@ -84,6 +84,17 @@ def test_the_keys_setting_is_checked_when_the_file_is_parsed(keys, active, messa
     assert message in str(raised.value)
 
 
+def test_sse_kms_key_needs_aws_kms():
+    with pytest.raises(ConfigError, match="needs remote.log.storage.s3.sse=aws:kms"):
+        parse({"bootstrap.servers": "b:9092", "remote.log.storage.s3.sse": "AES256",
+               "remote.log.storage.s3.sse.kms.key.id": "alias/tiered"})
+    with pytest.raises(ConfigError, match="remote.log.storage.s3.sse"):
+        parse({"bootstrap.servers": "b:9092", "remote.log.storage.s3.sse": "aes256"})
+    values = parse({"bootstrap.servers": "b:9092", "remote.log.storage.s3.sse": "aws:kms",
+                    "remote.log.storage.s3.sse.kms.key.id": "alias/tiered"}).values
+    assert values["remote.log.storage.s3.sse"] == "aws:kms"
+
+
 # ---------------------------------------------------------------- data keys
 
 

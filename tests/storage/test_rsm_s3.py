@@ -268,3 +268,32 @@ def test_error_classification(error: BaseException, kind: type, retriable: bool)
 def test_programming_errors_are_not_disguised() -> None:
     with pytest.raises(KeyError):
         storage_error(KeyError("x"), "get s3://b/k")
+
+
+
+@pytest.mark.parametrize("sse, kms_key_id", [("AES256", ""), ("aws:kms", "alias/tierproxy-test"), ("aws:kms", "")])
+@pytest.mark.parametrize("log_size", [100_000, LARGE_SEGMENT_BYTES], ids=["small", "multipart"])
+async def test_server_side_encryption_of_every_object(
+    s3_server: S3Server, tmp_path: Path, sse: str, kms_key_id: str, log_size: int
+) -> None:
+    segment = make_segment(tmp_path, log_size=log_size)
+    async with manager(s3_server, sse=sse, sse_kms_key_id=kms_key_id) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        keys = await rsm.list_partition_objects(segment.metadata.topic_id_partition)
+        assert await read_all(rsm, segment.metadata, 0) == segment.log
+    assert len(keys) == len(ObjectType)
+    client = s3_server.client()
+    log = client.head_object(Bucket=s3_server.bucket, Key=rsm._key(segment.metadata, ObjectType.LOG))
+    assert ("-" in log["ETag"]) == (log_size == LARGE_SEGMENT_BYTES)  # a multipart upload
+    for key in keys:
+        head = client.head_object(Bucket=s3_server.bucket, Key=key)
+        assert head["ServerSideEncryption"] == sse, key
+        if kms_key_id:
+            assert head["SSEKMSKeyId"].endswith(kms_key_id), key
+
+
+def test_server_side_encryption_settings_are_checked(s3_server: S3Server) -> None:
+    with pytest.raises(ValueError, match="sse"):
+        manager(s3_server, sse="aes256")
+    with pytest.raises(ValueError, match="aws:kms"):
+        manager(s3_server, sse="AES256", sse_kms_key_id="alias/x")
