@@ -40,6 +40,7 @@ from tierproxy.storage.model import (
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_key_prefix, segment_object_key
 
 LARGE_SEGMENT_BYTES = 12 * (1 << 20)  # above the multipart threshold backends use in these tests
+CHUNK_STEP = BLOCK_BYTES + TAG_BYTES  # an encrypted chunk and its tag
 
 
 @dataclass
@@ -433,6 +434,12 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
     async def manifest_body(self, rsm: RemoteStorageManager, segment: Segment) -> dict:
         return json.loads(await self.raw_read(rsm, self.key(rsm, segment, ObjectType.MANIFEST)))
 
+    async def copied_log(self, rsm: RemoteStorageManager, segment: Segment) -> tuple[str, bytes]:
+        """Copy the segment; its `.log`'s key and stored bytes (chunk i at i * CHUNK_STEP)."""
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.LOG)
+        return key, await self.raw_read(rsm, key)
+
     async def test_the_manifest_names_the_key_and_holds_no_plaintext_checksum(
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
@@ -467,12 +474,10 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=4 * BLOCK_BYTES + 1000)
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
-        key = self.key(rsm, segment, ObjectType.LOG)
-        stored = bytearray(await self.raw_read(rsm, key))
-        step = BLOCK_BYTES + TAG_BYTES
-        stored[step + 7] ^= 0x40  # a byte of chunk 1
-        await self.raw_write(rsm, key, bytes(stored))
+        key, stored = await self.copied_log(rsm, segment)
+        tampered = bytearray(stored)
+        tampered[CHUNK_STEP + 7] ^= 0x40  # a byte of chunk 1
+        await self.raw_write(rsm, key, bytes(tampered))
         # Chunks 0, 2, 3 and 4 are served; any read that covers chunk 1 is refused.
         for start, end in ((0, BLOCK_BYTES - 1), (2 * BLOCK_BYTES, 4 * BLOCK_BYTES + 999), (100, 200)):
             assert await read_all(rsm, segment.metadata, start, end) == segment.log[start:end + 1]
@@ -484,12 +489,9 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=3 * BLOCK_BYTES)
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
-        key = self.key(rsm, segment, ObjectType.LOG)
-        stored = await self.raw_read(rsm, key)
-        step = BLOCK_BYTES + TAG_BYTES
-        swapped = stored[step:2 * step] + stored[:step] + stored[2 * step:]  # chunks 0 and 1 change places
-        await self.raw_write(rsm, key, swapped)
+        key, stored = await self.copied_log(rsm, segment)
+        step = CHUNK_STEP
+        await self.raw_write(rsm, key, stored[step:2 * step] + stored[:step] + stored[2 * step:])  # 0 and 1 swapped
         with pytest.raises(DecryptionFailed, match="chunk 0"):
             await read_all(rsm, segment.metadata, 0, 10)
         with pytest.raises(DecryptionFailed, match="chunk 1"):
@@ -518,10 +520,8 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=2 * BLOCK_BYTES + 100)
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
-        key = self.key(rsm, segment, ObjectType.LOG)
-        stored = await self.raw_read(rsm, key)
-        await self.raw_write(rsm, key, stored[:2 * (BLOCK_BYTES + TAG_BYTES)])
+        key, stored = await self.copied_log(rsm, segment)
+        await self.raw_write(rsm, key, stored[:2 * CHUNK_STEP])
         body = await self.manifest_body(rsm, segment)
         body["objects"]["log"]["size"] = 2 * BLOCK_BYTES  # the manifest agrees with the cut
         await self.raw_write(rsm, self.key(rsm, segment, ObjectType.MANIFEST), json.dumps(body).encode())
