@@ -72,7 +72,7 @@ CASES = (
     ("a", "direct from the broker"),
     ("e", "Kafka native tiered storage"),
     ("c", "proxy, remote from local files"),
-    ("x", "proxy, encrypted remote from local files"),
+    ("x", "proxy, remote encrypted, local files"),
     ("b", "proxy, tail (local on the broker)"),
     ("d", "proxy, remote from S3 (S3Proxy)"),
     ("f", "proxy, remote from S3, 20 ms first byte"),
