@@ -13,8 +13,10 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
 - `<name>-remote` on the broker, tiered entirely with the pipeline's copy task and commit
   (`pipeline.copy.run_copy`, `pipeline.commit.commit_partition`, what a `tierproxy tier`
   pass runs in its Spark tasks, here without Spark) to local files and to S3, then trimmed
-  to its end with DeleteRecords: (c) through the proxy, remote from local files; (d) the
-  same from S3; (f) from S3 through testbed.latency's relay, which holds back the first byte
+  to its end with DeleteRecords: (c) through the proxy, remote from local files; (x) the
+  same with the segments encrypted (`remote.log.storage.encryption.*`, AES-256-GCM, tiered
+  a second time into a store of their own), so that the CPU s/GB of (c) and (x) side by
+  side are the cost of decryption; (d) the same as (c) from S3; (f) from S3 through testbed.latency's relay, which holds back the first byte
   of every response `--first-byte-ms` (20) as a real object store does; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
   with `proxy.workers=1` and `proxy.workers=2`;
 - `<name>` on the native broker, topic `remote.storage.enable=true`,
@@ -24,7 +26,7 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   record's segment is the only one left in the broker's log directory: (e) direct from
   the native broker, everything but the one record per partition read from remote storage.
 
-Rounds (`--repeats`) interleave the cases (a, e, c, b, d, f, w, W, then again), so every
+Rounds (`--repeats`) interleave the cases (a, e, c, x, b, d, f, w, W, then again), so every
 side sees the same noise. In each round each case replays twice: "cold" is the first
 replay (the proxy a fresh process with empty caches; Kafka's RemoteIndexCache is empty
 only in the first round), "warm" the second right after it. Segment files are in the OS
@@ -35,14 +37,17 @@ proxy replay the proxy's metrics count remote reads and how many ran out of
 case (e.g. `fetch.wait.max.ms=100`).
 
     .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1,8 --cases aec
+    .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1 --cases cx   # decryption's cost
 
-Targets: (c) >= 1.5x (e) and (c) >= 1.0x (a), cold. Everything it starts is stopped at the end.
+Targets: (c) >= 1.5x (e) and (c) >= 1.0x (a), cold; (x) at most 0.3 proxy CPU s/GB above (c)
+(AES-GCM with AES-NI decrypts at GB/s). Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import datetime
 import os
@@ -67,6 +72,7 @@ CASES = (
     ("a", "direct from the broker"),
     ("e", "Kafka native tiered storage"),
     ("c", "proxy, remote from local files"),
+    ("x", "proxy, remote encrypted, local files"),
     ("b", "proxy, tail (local on the broker)"),
     ("d", "proxy, remote from S3 (S3Proxy)"),
     ("f", "proxy, remote from S3, 20 ms first byte"),
@@ -146,6 +152,13 @@ def properties_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3) -> d
     }
     if backend == "local":
         properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote")}
+    elif backend == "local-encrypted":
+        key = tmp / "keys" / "backfill.key"
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")  # openssl rand -base64 32
+        properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote-encrypted"),
+                       "remote.log.storage.encryption.keys": f"backfill:{key}",
+                       "remote.log.storage.encryption.active.key": "backfill"}
     else:
         properties |= s3.storage_properties(f"backfill-{topic}")
     return properties
@@ -351,7 +364,7 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client
     if case == "e":
         return measured_replays(native.bootstrap_servers, data.name, data.records + data.partitions, client_config,
                                 native.pids[0], None, None, replays)
-    backend = "s3" if case in "df" else "local"
+    backend = "s3" if case in "df" else "local-encrypted" if case == "x" else "local"
     serving = dict(data.properties.get(backend) or
                    properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", None))
     serving["proxy.workers"] = "2" if case == "W" else "1"
@@ -370,7 +383,7 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,8", help="partition counts (default 1,8)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of interleaved cases; the best counts "
                                                              "(default 3)")
-    parser.add_argument("--cases", default="aecbdf", help="case letters (default aecbdf; also w, W)")
+    parser.add_argument("--cases", default="aecxbdf", help="case letters (default aecxbdf; also w, W)")
     parser.add_argument("--first-byte-ms", type=float, default=20.0, help="the relay's latency in case (f)")
     parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
@@ -407,7 +420,7 @@ def main() -> int:
             records = 0
             for cluster, topic, config, needed in (
                     (kafka, local_topic, None, wanted & set("ab")),
-                    (kafka, remote_topic, None, wanted & set("cdfwW")),
+                    (kafka, remote_topic, None, wanted & set("cxdfwW")),
                     (native, name, native_topic_config(), native is not None)):
                 if not needed:
                     continue
@@ -415,7 +428,8 @@ def main() -> int:
                 started = time.perf_counter()
                 records = produce(cluster.bootstrap_servers, topic, partitions, args.mb)
                 print(f"\n{topic}: {records:,} records produced in {time.perf_counter() - started:.1f}s", flush=True)
-            backends = [b for b, letters in (("local", "cwW"), ("s3", "df")) if wanted & set(letters)]
+            backends = [b for b, letters in (("local", "cwW"), ("local-encrypted", "x"), ("s3", "df"))
+                        if wanted & set(letters)]
             properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b, s3)
                           for b in backends}
             if backends:

@@ -74,6 +74,36 @@ class OneOf:
         return ", ".join('""' if v == "" else str(v) for v in self.values)
 
 
+_KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def key_files(entries: Iterable[str]) -> dict[str, Path]:
+    """`ID:FILE` entries of remote.log.storage.encryption.keys as {id: file}; ValueError names
+    the entry that is wrong. Reads no file (storage.encryption does)."""
+    files: dict[str, Path] = {}
+    for entry in entries:
+        key_id, sep, file = entry.partition(":")
+        key_id, file = key_id.strip(), file.strip()
+        if not sep or not file:
+            raise ValueError(f"entry {entry!r} is not ID:FILE")
+        if not _KEY_ID.match(key_id):
+            raise ValueError(f"key id {key_id!r}: must be 1 to 64 of A-Z a-z 0-9 . _ -")
+        if key_id in files:
+            raise ValueError(f"key id {key_id!r} is listed twice")
+        files[key_id] = Path(file).expanduser()
+    return files
+
+
+class KeyFiles:
+    """remote.log.storage.encryption.keys: distinct ids, each with a file."""
+
+    def __call__(self, value: tuple[str, ...]) -> None:
+        key_files(value)
+
+    def __str__(self) -> str:
+        return "ID:FILE[,ID:FILE...], distinct ids of A-Z a-z 0-9 . _ -"
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered not in ("true", "false"):
@@ -233,6 +263,23 @@ REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS = _define("remote.log.storage.s3.reques
         "remote storage", validator=Range(1))
 REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS = _define("remote.log.storage.s3.max.attempts", int, 5, "Attempts of one S3 request before it fails.",
         "remote storage", validator=Range(1))
+S3_SSE_MODES = ("", "AES256", "aws:kms")
+REMOTE_LOG_STORAGE_S3_SSE = _define("remote.log.storage.s3.sse", str, "",
+        "S3 server-side encryption asked for on every object written: AES256 (SSE-S3), aws:kms (SSE-KMS), "
+        "or empty for the bucket's default.", "remote storage", validator=OneOf(S3_SSE_MODES))
+REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID = _define("remote.log.storage.s3.sse.kms.key.id", str, "",
+        "KMS key (id, ARN or alias) of remote.log.storage.s3.sse=aws:kms; empty for the AWS managed key.",
+        "remote storage")
+
+# Envelope encryption of remote segments (storage/encryption.py)
+REMOTE_LOG_STORAGE_ENCRYPTION_KEYS = _define("remote.log.storage.encryption.keys", tuple, (),
+        "Key-encryption keys, `ID:FILE[,ID:FILE...]`: each file holds one line, the base64 of 32 random "
+        "bytes (`openssl rand -base64 32`). Each segment's manifest names the key that wraps its data key; "
+        "keep a key listed while any segment uses it (`tierproxy status` tells).", "remote storage encryption",
+        validator=KeyFiles())
+REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY = _define("remote.log.storage.encryption.active.key", str, "",
+        "Id of the key that wraps the data keys of segments copied from now on; empty copies them "
+        "unencrypted (segments already encrypted stay readable with their keys).", "remote storage encryption")
 
 # Remote log metadata
 REMOTE_LOG_METADATA_BACKEND = _define("remote.log.metadata.backend", str, "file",
@@ -511,8 +558,20 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
         raise ConfigError("remote.log.manager.task.retry.backoff.max.ms must be >= "
                           "remote.log.manager.task.retry.backoff.ms")
     _check_security(values)
+    _check_encryption(values)
     topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
     return Config(values=values, topics=topics, source=source)
+
+
+def _check_encryption(values: Mapping[str, Any]) -> None:
+    active = values["remote.log.storage.encryption.active.key"]
+    ids = list(key_files(values["remote.log.storage.encryption.keys"]))
+    if active and active not in ids:
+        listed = ", ".join(ids) if ids else "no key"
+        raise ConfigError(f"remote.log.storage.encryption.active.key={active}: not a key of "
+                          f"remote.log.storage.encryption.keys (it lists {listed})")
+    if values["remote.log.storage.s3.sse.kms.key.id"] and values["remote.log.storage.s3.sse"] != "aws:kms":
+        raise ConfigError("remote.log.storage.s3.sse.kms.key.id needs remote.log.storage.s3.sse=aws:kms")
 
 
 def _check_security(values: Mapping[str, Any]) -> None:

@@ -27,6 +27,26 @@ class CorruptRemoteSegment(RemoteStorageError):
         super().__init__(message, retriable=False)
 
 
+class EncryptionKeyNotFound(RemoteStorageError):
+    """An encrypted segment names a key-encryption key the configuration does not list."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
+
+
+class WrongEncryptionKey(RemoteStorageError):
+    """A segment's data key does not unwrap with the key of its id: the key file holds
+    other material than the key the segment was written with (or the manifest changed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
+
+
+class DecryptionFailed(CorruptRemoteSegment):
+    """A chunk of an encrypted object fails its AES-GCM tag: altered, or moved from another
+    place, object or segment. Never served."""
+
+
 class RemoteLogMetadataError(Exception):
     """Metadata that breaks the remote log's rules (an illegal state transition, say)."""
 

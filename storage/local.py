@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .errors import RemoteResourceNotFound, RemoteStorageError
 from .files import atomic_write, fsync_directory
+from .encryption import KeyRing
 from .manifest import Crc32cAccumulator, ObjectEntry
 from .model import TopicIdPartition
 from .rsm import ObjectStoreRemoteStorageManager, partition_key_prefix
@@ -38,10 +39,11 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
         prefix: str = "",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         manifest_cache_size: int = 1024,
+        keys: KeyRing | None = None,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size)
+        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size, keys=keys)
         self.root = Path(root)
         self.chunk_bytes = chunk_bytes
 
@@ -54,9 +56,9 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     # -- primitives -------------------------------------------------------------
 
-    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
+    async def _put_stream(self, key: str, chunks: Iterator[bytes], size: int) -> ObjectEntry:
         with _storage_errors(key):
-            return await asyncio.to_thread(self._write_atomically, key, lambda: _read_chunks(path, self.chunk_bytes))
+            return await asyncio.to_thread(self._write_atomically, key, lambda: chunks)
 
     async def _put_bytes(self, key: str, data: bytes) -> None:
         with _storage_errors(key):
@@ -134,17 +136,6 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
                 if key.startswith(key_prefix):
                     keys.append(key)
         return keys
-
-
-def _read_chunks(path: Path, chunk_bytes: int) -> Iterator[bytes]:
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        # The segment to copy is the caller's; its absence is no missing remote object.
-        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
-    with f:
-        while chunk := f.read(chunk_bytes):
-            yield chunk
 
 
 def _unlink_all(paths: list[Path]) -> None:

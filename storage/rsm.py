@@ -12,6 +12,11 @@ tiered-storage plugin; its suffixes differ (`leader-epoch-checkpoint`, `rsm-mani
 A copy writes the manifest (see `storage.manifest`) last; a delete removes it
 first. So a segment with a manifest is complete, and one without is never served.
 
+With an active encryption key (`storage.encryption`) a copy stores every object
+encrypted under a data key of its own and records the wrapped data key in the manifest;
+reads decrypt here, so callers see the same plaintext either way, and segments copied
+before encryption was turned on read as they always did.
+
 Behaviour the Java interface leaves open, fixed here:
 - `fetch_log_segment` positions are inclusive, as in Kafka. An end past the last
   byte is clamped to it; a start at or past the end gives an empty stream (what
@@ -29,16 +34,21 @@ import asyncio
 import base64
 import enum
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import crc32c
 from cachetools import LRUCache
 
-from .errors import CorruptRemoteSegment, RemoteResourceNotFound
+from .encryption import KeyRing, ObjectCipher, SegmentCipher
+from .errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
 from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
+
+
+# Pieces in which a local file is read to be stored unencrypted: few writes, bounded memory.
+PUT_PIECE_BYTES = 4 << 20
 
 
 class ObjectType(enum.Enum):
@@ -56,6 +66,11 @@ class ObjectType(enum.Enum):
     def of_index(cls, index_type: IndexType) -> ObjectType:
         # IndexType carries Kafka's file suffixes (".index", ...); ours drop the dot.
         return cls(index_type.suffix.removeprefix("."))
+
+    @classmethod
+    def of_key(cls, key: str) -> ObjectType:
+        """The type of the object `segment_object_key` named."""
+        return cls(key.rpartition(".")[2])
 
 
 def kafka_uuid(value: uuid.UUID) -> str:
@@ -121,6 +136,10 @@ class RemoteStorageManager(abc.ABC):
     async def verify_segment(self, metadata: RemoteLogSegmentMetadata, *, check_crc: bool = False) -> Manifest:
         """Check every object's size (and CRC-32C on request) against the manifest."""
 
+    async def fetch_manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
+        """The segment's manifest: its objects and sizes, and the id of its encryption key."""
+        return await self.verify_segment(metadata)
+
     @abc.abstractmethod
     async def list_partition_objects(self, topic_id_partition: TopicIdPartition) -> list[str]:
         """Keys of every object stored for the partition, sorted."""
@@ -151,8 +170,10 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     storage errors, and raise RemoteResourceNotFound for a missing key.
     """
 
-    def __init__(self, *, prefix: str = "", manifest_cache_size: int = 1024) -> None:
+    def __init__(self, *, prefix: str = "", manifest_cache_size: int = 1024, keys: KeyRing | None = None) -> None:
         self.prefix = prefix
+        # Encryption keys: new segments are encrypted with the active one, if any.
+        self.keys = keys if keys is not None else KeyRing()
         # (operation, seconds, succeeded) of every request to the store: the proxy's
         # latency histogram listens here; storage/ itself keeps no metrics.
         self.observe_request: Callable[[str, float, bool], None] = lambda operation, seconds, ok: None
@@ -166,8 +187,11 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     # -- primitives -------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
-        """Store a local file, streamed in chunks; returns size and CRC-32C of what was stored."""
+    async def _put_stream(self, key: str, chunks: Iterator[bytes], size: int) -> ObjectEntry:
+        """Store the `size` bytes `chunks` yields; returns size and CRC-32C of what was stored.
+
+        `chunks` reads a local file (and encrypts): iterate it in a worker thread.
+        """
 
     @abc.abstractmethod
     async def _put_bytes(self, key: str, data: bytes) -> None: ...
@@ -211,6 +235,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         self._forget(metadata)
         await self._delete(stale)
 
+        cipher = self.keys.seal_segment(metadata.segment_id.id)  # a new data key for every copy
         files = {
             ObjectType.LOG: segment_data.log_segment,
             ObjectType.OFFSET_INDEX: segment_data.offset_index,
@@ -221,11 +246,13 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         entries: dict[str, ObjectEntry] = {}
 
         async def put_file(object_type: ObjectType, path: Path) -> None:
-            entries[object_type.value] = await self._put_file(self._key(metadata, object_type), path)
+            entries[object_type.value] = await self._put_file(self._key(metadata, object_type), path, cipher)
 
         async def put_leader_epochs(data: bytes) -> None:
-            await self._put_bytes(self._key(metadata, ObjectType.LEADER_EPOCH_CHECKPOINT), data)
-            entries[ObjectType.LEADER_EPOCH_CHECKPOINT.value] = entry_of(data)
+            extension = ObjectType.LEADER_EPOCH_CHECKPOINT.value
+            stored = data if cipher is None else cipher.object(extension, len(data)).seal_all(data)
+            await self._put_bytes(self._key(metadata, ObjectType.LEADER_EPOCH_CHECKPOINT), stored)
+            entries[extension] = entry_of(data) if cipher is None else ObjectEntry(len(data), crc32c.crc32c(stored))
 
         try:
             async with asyncio.TaskGroup() as group:
@@ -237,7 +264,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             # Callers expect one storage error, not a group: raise the first failure.
             raise group_error.exceptions[0] from group_error
 
-        manifest = Manifest(metadata.segment_id.id, metadata.start_offset, metadata.end_offset, entries)
+        manifest = Manifest(metadata.segment_id.id, metadata.start_offset, metadata.end_offset, entries,
+                            None if cipher is None else cipher.encryption)
         await self._put_bytes(self._key(metadata, ObjectType.MANIFEST), manifest.encode())
         self._manifests[metadata.segment_id] = manifest
 
@@ -254,22 +282,32 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None
     ) -> AsyncIterator[bytes | memoryview]:
         manifest = await self._manifest(metadata)
-        size = _entry(manifest, metadata, ObjectType.LOG).size
+        entry = _entry(manifest, metadata, ObjectType.LOG)
+        size = entry.size
         if start >= size:
             return
         last = size - 1 if end is None else min(end, size - 1)
         key = self._key(metadata, ObjectType.LOG)
-        entry = _entry(manifest, metadata, ObjectType.LOG)
-        # With block checksums the range grows to whole blocks, each checked before any of
-        # its bytes is yielded; without (older manifests) it gets the size check only.
-        block = entry.block_bytes if entry.blocks else 0
-        first, stop = (start // block * block, min(size, (last // block + 1) * block)) if block else (start, last + 1)
         delivered = 0
         try:
+            # Encrypted, the range grows to whole chunks, each opened before any of its bytes
+            # is yielded. With block checksums it grows to whole blocks, each checked likewise;
+            # without (older manifests) it gets the size check only.
+            sealed = self._object_cipher(manifest, metadata, ObjectType.LOG)
+            block = entry.block_bytes if entry.blocks else 0
+            if sealed is not None:
+                first, stop = sealed.stored_range(start, last)
+            elif block:
+                first, stop = start // block * block, min(size, (last // block + 1) * block)
+            else:
+                first, stop = start, last + 1
+            stored_size = manifest.stored_size(entry)
             async with self._open_range(key, first, stop - 1) as (object_size, chunks):
-                if object_size != size:
-                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {size}")
-                if block:
+                if object_size != stored_size:
+                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
+                if sealed is not None:
+                    chunks = sealed.open_range(chunks, start, last, key)
+                elif block:
                     chunks = _verified_blocks(chunks, key, entry, first, start, last)
                 async for chunk in chunks:
                     delivered += len(chunk)
@@ -290,18 +328,25 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             )
         key = self._key(metadata, object_type)
         try:
+            sealed = self._object_cipher(manifest, metadata, object_type)
             data = await self._get_bytes(key)
+            if sealed is not None:
+                if len(data) != sealed.stored_size:
+                    raise CorruptRemoteSegment(f"{key}: size {len(data)}, manifest says {sealed.stored_size}")
+                return sealed.open_all(data, key)
             actual = entry_of(data)
             if actual != entry:
-                raise CorruptRemoteSegment(_mismatch(key, actual, entry))
+                raise CorruptRemoteSegment(_mismatch(key, actual.size, actual.crc32c, entry.size, entry.crc32c))
         except (RemoteResourceNotFound, CorruptRemoteSegment):
             self._forget(metadata)
             raise
         return data
 
     async def checks_log_blocks(self, metadata: RemoteLogSegmentMetadata) -> bool:
-        # Manifests written before block checksums give ranged reads the size check only.
-        return bool(_entry(await self._manifest(metadata), metadata, ObjectType.LOG).blocks)
+        # An encrypted segment's chunks pass their GCM tags before use; manifests written
+        # before block checksums give plaintext ranged reads the size check only.
+        manifest = await self._manifest(metadata)
+        return manifest.encryption is not None or bool(_entry(manifest, metadata, ObjectType.LOG).blocks)
 
     async def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
         self._forget(metadata)
@@ -314,11 +359,15 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         try:
             _entry(manifest, metadata, ObjectType.LOG)
             for extension, entry in manifest.objects.items():
-                await self._verify_object(segment_key_prefix(self.prefix, metadata) + extension, entry, check_crc)
+                key = segment_key_prefix(self.prefix, metadata) + extension
+                await self._verify_object(key, manifest.stored_size(entry), entry.crc32c, check_crc)
         except CorruptRemoteSegment:
             self._forget(metadata)
             raise
         return manifest
+
+    async def fetch_manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
+        return await self._manifest(metadata)
 
     async def list_partition_objects(self, topic_id_partition: TopicIdPartition) -> list[str]:
         return sorted(await self._list(partition_key_prefix(self.prefix, topic_id_partition)))
@@ -336,6 +385,28 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
         self._manifests.pop(metadata.segment_id, None)
+
+    async def _put_file(self, key: str, path: Path, cipher: SegmentCipher | None) -> ObjectEntry:
+        """Store a local file, encrypted with `cipher` if given; returns its manifest entry."""
+        try:
+            size = (await asyncio.to_thread(path.stat)).st_size
+        except OSError as e:
+            raise _unreadable(path, e) from e
+        if cipher is None:
+            return await self._put_stream(key, _file_pieces(path, size, PUT_PIECE_BYTES), size)
+        sealed = cipher.object(ObjectType.of_key(key).value, size)
+        stored = await self._put_stream(key, sealed.seal_pieces(_file_pieces(path, size, sealed.chunk_bytes)),
+                                        sealed.stored_size)
+        return ObjectEntry(size, stored.crc32c)
+
+    def _object_cipher(self, manifest: Manifest, metadata: RemoteLogSegmentMetadata,
+                       object_type: ObjectType) -> ObjectCipher | None:
+        """The cipher of an object of an encrypted segment; None for a plaintext one."""
+        if manifest.encryption is None:
+            return None
+        segment = f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
+        cipher = self.keys.open_segment(metadata.segment_id.id, manifest.encryption, segment)
+        return cipher.object(object_type.value, _entry(manifest, metadata, object_type).size)
 
     async def _manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
         cached = self._manifests.get(metadata.segment_id)
@@ -357,16 +428,16 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         self._manifests[metadata.segment_id] = manifest
         return manifest
 
-    async def _verify_object(self, key: str, entry: ObjectEntry, check_crc: bool) -> None:
+    async def _verify_object(self, key: str, stored_size: int, crc: int, check_crc: bool) -> None:
         size = await self._object_size(key)
         if size is None:
             raise CorruptRemoteSegment(f"{key} is in the manifest but missing")
-        if size != entry.size:
-            raise CorruptRemoteSegment(f"{key}: size {size}, manifest says {entry.size}")
+        if size != stored_size:
+            raise CorruptRemoteSegment(f"{key}: size {size}, manifest says {stored_size}")
         if check_crc:
-            actual = await self._checksum(key, size) if size else ObjectEntry(0, 0)
-            if actual != entry:
-                raise CorruptRemoteSegment(_mismatch(key, actual, entry))
+            actual = (await self._checksum(key, size)).crc32c if size else 0
+            if actual != crc:
+                raise CorruptRemoteSegment(_mismatch(key, size, actual, stored_size, crc))
 
     async def _checksum(self, key: str, size: int) -> ObjectEntry:
         crc = Crc32cAccumulator()
@@ -437,8 +508,35 @@ def _entry(manifest: Manifest, metadata: RemoteLogSegmentMetadata, object_type: 
     return entry
 
 
-def _mismatch(key: str, actual: ObjectEntry, expected: ObjectEntry) -> str:
-    return (
-        f"{key}: size {actual.size} CRC-32C {actual.crc32c:#010x}, "
-        f"manifest says size {expected.size} CRC-32C {expected.crc32c:#010x}"
-    )
+def _mismatch(key: str, size: int, crc: int, expected_size: int, expected_crc: int) -> str:
+    return f"{key}: size {size} CRC-32C {crc:#010x}, manifest says size {expected_size} CRC-32C {expected_crc:#010x}"
+
+
+def _unreadable(path: Path, error: OSError) -> RemoteStorageError:
+    # The segment to copy is the caller's; its absence is no missing remote object.
+    return RemoteStorageError(f"cannot read local file {path}: {error}", retriable=False)
+
+
+def _file_pieces(path: Path, size: int, piece_bytes: int) -> Iterator[bytes]:
+    """A local file in pieces of `piece_bytes` (the last may be short); it must hold the
+    `size` bytes it had when the copy began (the manifest, and encryption, count on it)."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise _unreadable(path, e) from e
+    read = 0
+    with f:
+        while True:
+            try:
+                piece = f.read(piece_bytes)  # buffered: whole pieces until the end
+            except OSError as e:
+                raise _unreadable(path, e) from e
+            if not piece:
+                break
+            read += len(piece)
+            if read > size:
+                break
+            yield piece
+    if read != size:
+        raise RemoteStorageError(f"local file {path} changed while it was copied: it held {size} bytes, "
+                                 f"then {read}{'+' if read > size else ''}", retriable=False)

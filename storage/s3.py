@@ -1,7 +1,9 @@
 """Remote segments in an S3 bucket, through aiobotocore.
 
 Reads are ranged GETs streamed in chunks; segments above a threshold go up as
-multipart uploads, aborted when any part fails. Retries are ours, not botocore's
+multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
+asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
+reads need nothing for it. Retries are ours, not botocore's
 (its retry budget is set to one attempt): Kafka's exponential backoff with jitter
 (`storage.backoff`, from `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms`
 and `.retry.jitter`), on retriable failures only, and for a proxy's read only while the
@@ -15,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -24,8 +25,11 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore import exceptions as boto
 
+from tierproxy.config import S3_SSE_MODES
+
 from .backoff import ExponentialBackoff, retry_fits
 from .errors import RemoteResourceNotFound, RemoteStorageError
+from .encryption import KeyRing
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
 
@@ -102,6 +106,9 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         request_timeout_ms: int = 30_000,
         chunk_bytes: int = MIB,
         manifest_cache_size: int = 1024,
+        keys: KeyRing | None = None,
+        sse: str = "",
+        sse_kms_key_id: str = "",
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -109,8 +116,14 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             raise ValueError(f"multipart_threshold_bytes must be positive, got {multipart_threshold_bytes}")
         if max_connections < 1 or max_attempts < 1 or chunk_bytes < 1 or request_timeout_ms < 1:
             raise ValueError("max_connections, max_attempts, chunk_bytes and request_timeout_ms must be positive")
+        if sse not in S3_SSE_MODES or (sse_kms_key_id and sse != "aws:kms"):
+            raise ValueError(f"sse must be one of {S3_SSE_MODES}, and a KMS key id needs aws:kms; got {sse!r}")
         self.backoff = ExponentialBackoff(retry_backoff_ms, retry_backoff_max_ms, retry_jitter)
-        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size)
+        super().__init__(prefix=prefix, manifest_cache_size=manifest_cache_size, keys=keys)
+        # Arguments of every PutObject and CreateMultipartUpload.
+        self._sse = {"ServerSideEncryption": sse} if sse else {}
+        if sse_kms_key_id:
+            self._sse["SSEKMSKeyId"] = sse_kms_key_id
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         self.region = region
@@ -192,34 +205,26 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     # -- primitives -------------------------------------------------------------
 
-    async def _put_file(self, key: str, path: Path) -> ObjectEntry:
-        try:
-            size = (await asyncio.to_thread(path.stat)).st_size
-        except OSError as e:
-            raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+    async def _put_stream(self, key: str, chunks: Iterator[bytes], size: int) -> ObjectEntry:
         if size < self.multipart_threshold_bytes:
-            data = await _read_local(path)  # below the threshold: bounded by configuration
+            data = await asyncio.to_thread(b"".join, chunks)  # below the threshold: bounded by configuration
             await self._put_bytes(key, data)
             return entry_of(data)
-        return await self._put_multipart(key, path)
+        return await self._put_multipart(key, _Parts(chunks, self.multipart_part_bytes))
 
-    async def _put_multipart(self, key: str, path: Path) -> ObjectEntry:
+    async def _put_multipart(self, key: str, source: _Parts) -> ObjectEntry:
         where = self._where(key)
         created = await self._call(
             "create_multipart_upload",
             f"create multipart upload {where}",
-            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key),
+            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key, **self._sse),
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
         parts = []
         try:
             try:
-                f = await asyncio.to_thread(open, path, "rb")
-            except OSError as e:
-                raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
-            try:
-                while part := await _read_part(f, path, self.multipart_part_bytes):
+                while part := await asyncio.to_thread(source.take):
                     number = len(parts) + 1
                     if number > S3_MAX_PARTS:
                         raise RemoteStorageError(f"{where}: more than {S3_MAX_PARTS} parts", retriable=False)
@@ -233,7 +238,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     )
                     parts.append({"PartNumber": number, "ETag": response["ETag"]})
             finally:
-                await asyncio.to_thread(f.close)
+                await asyncio.to_thread(source.close)
             await self._call(
                 "complete_multipart_upload",
                 f"complete multipart upload {where}",
@@ -252,7 +257,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
     async def _put_bytes(self, key: str, data: bytes) -> None:
         await self._call(
             "put",
-            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data, **self._sse)
         )
 
     async def _get_bytes(self, key: str) -> bytes:
@@ -368,15 +373,27 @@ def _object_size_of(response: dict[str, Any], where: str) -> int:
     return int(total)
 
 
-async def _read_local(path: Path) -> bytes:
-    try:
-        return await asyncio.to_thread(path.read_bytes)
-    except OSError as e:
-        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+class _Parts:
+    """Parts of `part_bytes` (the last may be shorter) taken from a stream of chunks of any
+    size; `take` and `close` run in a worker thread, as the stream reads a file."""
 
+    def __init__(self, chunks: Iterator[bytes], part_bytes: int) -> None:
+        self._chunks = chunks
+        self._part_bytes = part_bytes
+        self._buffer = bytearray()
 
-async def _read_part(f: Any, path: Path, size: int) -> bytes:
-    try:
-        return await asyncio.to_thread(f.read, size)
-    except OSError as e:
-        raise RemoteStorageError(f"cannot read local file {path}: {e}", retriable=False) from e
+    def take(self) -> bytes:
+        """The next part; empty at the end."""
+        while len(self._buffer) < self._part_bytes:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        part = bytes(self._buffer[:self._part_bytes])
+        del self._buffer[:self._part_bytes]
+        return part
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()  # a generator reading a file closes it

@@ -2,7 +2,9 @@
 
 `check` validates a configuration file (with `--override key=value` on top) and prints
 every key's effective value and where it came from: the file, an override, or the
-default. Secrets are masked. A bad file exits 2 with the message naming the key.
+default. Secrets are masked; encryption keys show as their ids and files, and their
+files are read to check them, never shown. A bad file exits 2 with the message naming
+the key.
 
 `docs` writes docs/configuration.md from the declarations in config/__init__.py, so the
 reference can never drift from what `parse` accepts:
@@ -36,6 +38,7 @@ from tierproxy.config import (
 )
 from tierproxy.config.properties import read_properties
 from tierproxy.config.tables import text_table
+from tierproxy.storage.encryption import KeyRing
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -105,6 +108,7 @@ def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO) 
     try:
         config = load(path, overrides)
         security(config)  # the certificate files and the JAAS line are read now, not at first use
+        KeyRing.from_config(config)  # so are the encryption keys' files
         given = _given_keys(path)
     except ConfigError as e:
         print(f"tierproxy: invalid configuration: {e}", file=err)

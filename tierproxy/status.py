@@ -13,9 +13,14 @@ and the invariants: Lz >= Ly >= Lx and, once remote data exists, Ly >= Ry >= Rx 
 Lx <= Ry + 1. The last one is the one that loses data: offsets in [Ry + 1, Lx) are
 neither in remote storage nor on the broker any more.
 
-Exit codes: 0 every invariant holds, 1 one is broken (each such partition is named on
-stderr), 2 the configuration is invalid or the cluster or metadata cannot be read.
-Reads only; never imports pyspark.
+It also reads the manifest of every COPY_SEGMENT_FINISHED segment for the id of the key
+that encrypts it (storage.encryption): the segments per key id, so that an operator knows
+when a retired key may leave `remote.log.storage.encryption.keys`, and, as a problem,
+every segment whose key that setting does not list (it cannot be read).
+
+Exit codes: 0 every invariant holds and every segment's key is configured, 1 otherwise
+(each such partition is named on stderr), 2 the configuration is invalid or the
+cluster, metadata or remote storage cannot be read. Reads only; never imports pyspark.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
@@ -36,19 +42,28 @@ from aiokafka.errors import KafkaError
 
 from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
 from tierproxy.protocol.apis import OffsetSpec
-from tierproxy.storage.errors import MetadataNotReady, RemoteLogMetadataError
-from tierproxy.storage.factory import remote_log_metadata_manager
+from tierproxy.storage.errors import (
+    CorruptRemoteSegment,
+    MetadataNotReady,
+    RemoteLogMetadataError,
+    RemoteResourceNotFound,
+    RemoteStorageError,
+)
+from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
-from tierproxy.storage.model import RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
 
-from tierproxy.config import Config, ConfigError, load, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR
+from tierproxy.config import Config, ConfigError, key_files, load, REMOTE_LOG_METADATA_BACKEND, \
+    REMOTE_LOG_METADATA_DIR, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS
 from tierproxy.config.tables import text_table
 
 EXIT_OK = 0
 EXIT_BROKEN = 1
 EXIT_ERROR = 2
 DEFAULT_TIMEOUT_S = 30.0  # the `--timeout` of tierproxy/cli.py
+MANIFEST_READS = 16  # segment manifests read from remote storage at once
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,11 @@ class PartitionStatus:
     remote_segments: int  # COPY_SEGMENT_FINISHED segments
     remote_bytes: int
     problems: tuple[str, ...] = field(default=())
+    # Segments per id of the key that encrypts them (unencrypted ones are not counted).
+    encryption_keys: dict[str, int] = field(default_factory=dict)
+    # Manifests that could not be read (a segment deleted since it was listed, or a broken
+    # copy): not counted above, and no problem of status's.
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def name(self) -> str:
@@ -96,9 +116,21 @@ def broken_invariants(lx: int, ly: int, lz: int, rx: int | None, ry: int | None)
 
 
 @dataclass(frozen=True)
+class KeyUsage:
+    """A key id of the configuration, or of a segment: its file, whether it is the active
+    key, and the COPY_SEGMENT_FINISHED segments (of the tiered topics) it encrypts."""
+
+    key_id: str
+    file: str | None  # None: the configuration does not list it
+    active: bool
+    segments: int
+
+
+@dataclass(frozen=True)
 class Report:
     partitions: list[PartitionStatus]
     missing_topics: list[str]  # tiered in the configuration but not in the cluster
+    encryption_keys: list[KeyUsage] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -109,9 +141,11 @@ class Report:
         for p in self.partitions:
             entry = asdict(p)
             entry["problems"] = list(p.problems)
+            entry["warnings"] = list(p.warnings)
             entry["ok"] = p.ok
             partitions.append(entry)
-        return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics}
+        return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
+                "encryption_keys": [asdict(k) for k in self.encryption_keys]}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -138,52 +172,99 @@ async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Clus
     return await stack.enter_async_context(remote_log_metadata_manager(values, read_only=True))
 
 
-def _remote(
-    rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition
-) -> tuple[int | None, int | None, int, int]:
+def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
     if rlmm is None:
-        return None, None, 0, 0
-    finished = [
-        s for s in rlmm.list_segments(tp) if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
-    ]
-    return (
-        rlmm.log_start_offset(tp),
-        rlmm.log_end_offset(tp),
-        len(finished),
-        sum(s.segment_size_in_bytes for s in finished),
-    )
+        return []
+    return [s for s in rlmm.list_segments(tp) if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
 
 
-async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S) -> Report:
+async def _key_ids(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata]
+                   ) -> list[tuple[str | None, str | None]]:
+    """Per segment: the id of its encryption key (None when it is not encrypted), or the
+    error its manifest gave. A store that cannot be read at all raises."""
+    limit = asyncio.Semaphore(MANIFEST_READS)
+
+    async def key_id(segment: RemoteLogSegmentMetadata) -> tuple[str | None, str | None]:
+        async with limit:
+            try:
+                manifest = await rsm.fetch_manifest(segment)
+            except (RemoteResourceNotFound, CorruptRemoteSegment) as e:
+                return None, str(e)
+        return (manifest.encryption.key_id if manifest.encryption else None), None
+
+    return await asyncio.gather(*(key_id(s) for s in segments))
+
+
+def _encryption(
+    segments: list[RemoteLogSegmentMetadata], found: list[tuple[str | None, str | None]], configured: Iterable[str]
+) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
+    """(segments per key id, problems, warnings) of one partition's segments."""
+    used: Counter[str] = Counter()
+    problems, warnings = [], []
+    for segment, (key_id, error) in zip(segments, found):
+        name = f"segment {segment.segment_id.id} (offsets {segment.start_offset}-{segment.end_offset})"
+        if error is not None:
+            warnings.append(f"{name}: manifest not read: {error}")
+        elif key_id is not None:
+            used[key_id] += 1
+            if key_id not in configured:
+                problems.append(f"{name} is encrypted with key {key_id!r}, which "
+                                f"{REMOTE_LOG_STORAGE_ENCRYPTION_KEYS.name} does not list: it cannot be read")
+    return dict(sorted(used.items())), tuple(problems), tuple(warnings)
+
+
+def _key_usage(config: Config, partitions: list[PartitionStatus]) -> list[KeyUsage]:
+    """The configured keys in their order, then the ids segments name that it lacks."""
+    files = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
+    used: Counter[str] = Counter()
+    for p in partitions:
+        used.update(p.encryption_keys)
+    active = config[REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY]
+    usage = [KeyUsage(key_id, str(path), key_id == active, used[key_id]) for key_id, path in files.items()]
+    return usage + [KeyUsage(key_id, None, False, count) for key_id, count in sorted(used.items())
+                    if key_id not in files]
+
+
+async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
+                  rsm: RemoteStorageManager | None = None) -> Report:
     """Reads in an order that a running pipeline cannot turn into a false alarm: the
     pipeline advances Lx only after Ry covers it, and Ly and Lz only grow. So Lx is read
-    before the remote metadata, and Ly and then Lz after it."""
+    before the remote metadata, and Ly and then Lz after it. The segments' manifests come
+    last (`rsm`, by default the configuration's)."""
     wanted = [t.name for t in config.tiered_topics]
     async with AsyncExitStack() as stack:
+        rsm = await stack.enter_async_context(rsm if rsm is not None else remote_storage_manager(config))
         cluster = await stack.enter_async_context(Cluster.from_config(config, client_id="tierproxy-status"))
         topics = await cluster.topics(wanted)  # with no tiered topic, still a login check
         missing = [name for name in wanted if name not in topics]
         tps = [(name, p) for name in wanted if name in topics for p in sorted(topics[name].partitions)]
         if not tps:
-            return Report([], missing)
+            return Report([], missing, _key_usage(config, []))
         earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
         rlmm = await _metadata_manager(config, stack, cluster)
         ids = {tp: TopicIdPartition(topics[tp[0]].topic_id, *tp) for tp in tps}
         if rlmm is not None:
             for tp in ids.values():
                 await rlmm.wait_until_ready(tp, timeout)
-        remote = {tp: _remote(rlmm, ids[tp]) for tp in tps}
+        remote = {tp: (rlmm.log_start_offset(ids[tp]), rlmm.log_end_offset(ids[tp])) if rlmm else (None, None)
+                  for tp in tps}
+        finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}
         stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
+        found = {tp: await _key_ids(rsm, finished[tp]) for tp in tps}
+    configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
         lx, ly, lz = earliest[tp].offset, stable[tp].offset, latest[tp].offset
-        rx, ry, segments, size = remote[tp]
+        rx, ry = remote[tp]
+        segments = finished[tp]
+        keys, key_problems, warnings = _encryption(segments, found[tp], configured)
         partitions.append(PartitionStatus(
-            tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, segments, size,
-            broken_invariants(lx, ly, lz, rx, ry),
+            tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, len(segments),
+            sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,
+            keys, warnings,
         ))
-    return Report(partitions, missing)
+    return Report(partitions, missing, _key_usage(config, partitions))
 
 
 # --------------------------------------------------------------------------- output
@@ -204,6 +285,15 @@ def format_table(report: Report) -> str:
     lines = text_table(rows, right_aligned=range(1, len(header) - 1))
     lines.append("LX local log start, LY last stable offset, LZ local log end (broker); "
                  "RX remote log start, RY remote log end (COPY_SEGMENT_FINISHED segments)")
+    if report.encryption_keys:
+        lines.append("")
+        keys = [("KEY", "FILE", "SEGMENTS")] + [
+            (k.key_id, k.file or "NOT CONFIGURED", f"{k.segments} (active)" if k.active else str(k.segments))
+            for k in report.encryption_keys
+        ]
+        lines += text_table(keys)
+        lines.append(f"Segments encrypted with each key of {REMOTE_LOG_STORAGE_ENCRYPTION_KEYS.name}; "
+                     "a key may leave it once it encrypts none.")
     return "\n".join(lines)
 
 
@@ -213,6 +303,8 @@ def report_problems(report: Report, err: TextIO) -> None:
     for p in report.partitions:
         for problem in p.problems:
             print(f"tierproxy status: {p.name}: {problem}", file=err)
+        for warning in p.warnings:
+            print(f"tierproxy status: {p.name}: warning: {warning}", file=err)
 
 
 def status(
@@ -220,11 +312,15 @@ def status(
 ) -> int:
     try:
         config = load(path, overrides)
+        rsm = remote_storage_manager(config)  # reads the encryption keys' files
     except ConfigError as e:
         print(f"tierproxy status: invalid configuration: {e}", file=err)
         return EXIT_ERROR
     try:
-        report = asyncio.run(collect(config, timeout=timeout))
+        report = asyncio.run(collect(config, timeout=timeout, rsm=rsm))
+    except RemoteStorageError as e:
+        print(f"tierproxy status: cannot read the remote segments: {e}", file=err)
+        return EXIT_ERROR
     except (OSError, ClusterError, ConfigError, KafkaError, MetadataNotReady, RemoteLogMetadataError,
             TimeoutError) as e:
         print(f"tierproxy status: cannot read the offsets: {e}", file=err)

@@ -3,6 +3,8 @@ check` reports the effective configuration or names what is wrong."""
 
 from __future__ import annotations
 
+import base64
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +126,20 @@ def test_the_deployed_configuration_is_valid(capsys):
     rows = _rows(capsys.readouterr().out)
     assert rows["remote.log.storage.s3.secret.access.key"] == ("[hidden]", "file")
     assert rows["topic.orders.remote.storage.enable"] == ("true", "file")
+
+
+def test_check_shows_encryption_key_ids_and_files_and_reads_but_never_shows_them(tmp_path, capsys):
+    material = base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / "k1.key").write_text(material + "\n")
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text(f"bootstrap.servers=k:9092\nremote.log.storage.encryption.keys=k1:{tmp_path}/k1.key\n"
+                          "remote.log.storage.encryption.active.key=k1\n")
+    assert main(["config", "check", "--config", str(properties)]) == 0
+    out = capsys.readouterr().out
+    assert material not in out
+    assert _rows(out)["remote.log.storage.encryption.keys"] == (f"k1:{tmp_path}/k1.key", "file")
+    (tmp_path / "k1.key").write_text(material[:20] + "\n")  # not 32 bytes any more
+    assert main(["config", "check", "--config", str(properties)]) == 2
+    captured = capsys.readouterr()
+    assert f"key 'k1' (file {tmp_path}/k1.key): holds 15 bytes, a key is 32" in captured.err
+    assert material[:20] not in captured.err and captured.out == ""

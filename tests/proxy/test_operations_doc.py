@@ -41,13 +41,16 @@ def test_every_tierproxy_command_parses():
 
 
 def test_the_properties_snippets_are_valid():
-    tiering, secured = _blocks("properties")
+    tiering, secured, encrypted = _blocks("properties")
     properties = javaproperties.loads(textwrap.dedent(tiering))
     config = parse({"bootstrap.servers": "broker:9092", **properties})
     assert [t.name for t in config.tiered_topics] == ["orders"]
     properties = javaproperties.loads(textwrap.dedent(secured))
     config = parse({"bootstrap.servers": "broker:9092", **properties})
     assert parse_jaas(config["sasl.jaas.config"], config["sasl.mechanism"]).username == "tierproxy"
+    properties = javaproperties.loads(textwrap.dedent(encrypted))
+    config = parse({"bootstrap.servers": "broker:9092", **properties})
+    assert config["remote.log.storage.encryption.active.key"] == "k1"
 
 
 def test_every_key_named_exists():

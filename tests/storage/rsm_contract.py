@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import base64
 import contextlib
+import json
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
 import pytest
 
-from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
-from tierproxy.storage.manifest import BLOCK_BYTES
+from tierproxy.storage.encryption import KeyEncryptionKey, KeyRing
+from tierproxy.storage.errors import (
+    CorruptRemoteSegment,
+    DecryptionFailed,
+    EncryptionKeyNotFound,
+    RemoteResourceNotFound,
+    RemoteStorageError,
+    WrongEncryptionKey,
+)
+from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
 from tierproxy.storage.model import (
     IndexType,
     LogSegmentData,
@@ -26,9 +37,10 @@ from tierproxy.storage.model import (
     RemoteLogSegmentMetadata,
     TopicIdPartition,
 )
-from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
+from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_key_prefix, segment_object_key
 
 LARGE_SEGMENT_BYTES = 12 * (1 << 20)  # above the multipart threshold backends use in these tests
+CHUNK_STEP = BLOCK_BYTES + TAG_BYTES  # an encrypted chunk and its tag
 
 
 @dataclass
@@ -102,6 +114,10 @@ async def read_all(
 class RemoteStorageManagerContract(abc.ABC):
     """Subclasses provide the `rsm` fixture and the raw-object hooks below."""
 
+    def assert_stored_form(self, stored: bytes | None, content: bytes) -> None:
+        """What the store holds for an object of this content (an encrypting contract overrides)."""
+        assert stored == content
+
     @pytest.fixture
     def rsm(self) -> RemoteStorageManager:  # pragma: no cover - always overridden
         raise NotImplementedError
@@ -132,9 +148,10 @@ class RemoteStorageManagerContract(abc.ABC):
     async def test_every_object_lands_under_its_key(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
         segment = make_segment(tmp_path)
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
-        assert await self.raw_read(rsm, self.key(rsm, segment, ObjectType.LOG)) == segment.log
+        self.assert_stored_form(await self.raw_read(rsm, self.key(rsm, segment, ObjectType.LOG)), segment.log)
         for index_type, content in segment.indexes.items():
-            assert await self.raw_read(rsm, self.key(rsm, segment, ObjectType.of_index(index_type))) == content
+            key = self.key(rsm, segment, ObjectType.of_index(index_type))
+            self.assert_stored_form(await self.raw_read(rsm, key), content)
         keys = await rsm.list_partition_objects(segment.metadata.topic_id_partition)
         assert keys == sorted(self.key(rsm, segment, t) for t in ObjectType)
 
@@ -308,8 +325,8 @@ class RemoteStorageManagerContract(abc.ABC):
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         assert await rsm.fetch_index(segment.metadata, IndexType.OFFSET)  # manifest now cached
         key = self.key(rsm, segment, ObjectType.OFFSET_INDEX)
-        tampered = bytearray(segment.indexes[IndexType.OFFSET])
-        tampered[3] ^= 0xFF  # same size, other bytes: only the CRC can tell
+        tampered = bytearray(await self.raw_read(rsm, key))
+        tampered[3] ^= 0xFF  # same size, other bytes: only the CRC (or the GCM tag) can tell
         await self.raw_write(rsm, key, bytes(tampered))
         with pytest.raises(CorruptRemoteSegment, match=key):
             await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
@@ -337,12 +354,15 @@ class RemoteStorageManagerContract(abc.ABC):
         segment = make_segment(tmp_path, log_size=50_000)
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         key = self.key(rsm, segment, ObjectType.LOG)
-        tampered = bytearray(segment.log)
+        tampered = bytearray(await self.raw_read(rsm, key))
         tampered[40_000] ^= 0x01
         await self.raw_write(rsm, key, bytes(tampered))
         await rsm.verify_segment(segment.metadata)
         with pytest.raises(CorruptRemoteSegment, match=key):
             await rsm.verify_segment(segment.metadata, check_crc=True)
+        # A read of the bytes around it refuses them too (the block CRC-32C, or the GCM tag).
+        with pytest.raises(CorruptRemoteSegment, match=key):
+            await read_all(rsm, segment.metadata, 39_000, 41_000)
 
     async def test_missing_object_is_corrupt(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
         segment = make_segment(tmp_path)
@@ -381,3 +401,206 @@ class RemoteStorageManagerContract(abc.ABC):
             assert manager is rsm
             await rsm.copy_log_segment_data(segment.metadata, segment.data)
             assert await read_all(rsm, segment.metadata, 0) == segment.log
+
+
+def key_ring(*ids: str, active: str = "", directory: Path = Path("/etc/tierproxy")) -> KeyRing:
+    """Keys of fresh random material, named as if read from files in `directory`."""
+    return KeyRing([KeyEncryptionKey(i, directory / f"{i}.key", os.urandom(32)) for i in ids], active)
+
+
+class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
+    """The contract once more with an active encryption key, and what encryption adds:
+    nothing stored in plaintext, a data key per copy, and keys that are wrong, missing,
+    rotated, or chunks and keys moved elsewhere, all refused rather than served.
+
+    Subclasses create their `rsm` with the `keys` fixture and implement `other_manager`.
+    """
+
+    @pytest.fixture
+    def keys(self) -> KeyRing:
+        return key_ring("k1", active="k1")
+
+    @abc.abstractmethod
+    def other_manager(self, rsm: RemoteStorageManager, keys: KeyRing) -> RemoteStorageManager:
+        """Another manager over the same store and prefix, with these keys (not started)."""
+
+    def assert_stored_form(self, stored: bytes | None, content: bytes) -> None:
+        assert stored is not None
+        chunks = max(1, -(-len(content) // BLOCK_BYTES))
+        assert len(stored) == len(content) + TAG_BYTES * chunks
+        for start in range(0, len(content) - 15, 4096):  # no 16 bytes of the content anywhere in it
+            assert content[start:start + 16] not in stored
+
+    async def manifest_body(self, rsm: RemoteStorageManager, segment: Segment) -> dict:
+        return json.loads(await self.raw_read(rsm, self.key(rsm, segment, ObjectType.MANIFEST)))
+
+    async def copied_log(self, rsm: RemoteStorageManager, segment: Segment) -> tuple[str, bytes]:
+        """Copy the segment; its `.log`'s key and stored bytes (chunk i at i * CHUNK_STEP)."""
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.LOG)
+        return key, await self.raw_read(rsm, key)
+
+    async def test_the_manifest_names_the_key_and_holds_no_plaintext_checksum(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=3 * BLOCK_BYTES + 5)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        body = await self.manifest_body(rsm, segment)
+        assert body["version"] == 2
+        encryption = body["encryption"]
+        assert (encryption["cipher"], encryption["key_id"], encryption["chunk_bytes"]) == (
+            "AES-256-GCM", "k1", BLOCK_BYTES)
+        assert len(base64.b64decode(encryption["wrapped_data_key"])) == 60
+        for extension, entry in body["objects"].items():
+            assert set(entry) == {"size", "crc32c"}, extension
+            stored = await self.raw_read(rsm, segment_key_prefix(rsm.prefix, segment.metadata) + extension)
+            assert entry["crc32c"] == crc32c.crc32c(stored)  # of the ciphertext
+        assert body["objects"]["log"]["size"] == len(segment.log)
+        manifest = await rsm.fetch_manifest(segment.metadata)
+        assert manifest.encryption is not None and manifest.encryption.key_id == "k1"
+
+    async def test_a_retried_copy_draws_a_new_data_key(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=10_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        first = await self.manifest_body(rsm, segment)
+        first_log = await self.raw_read(rsm, self.key(rsm, segment, ObjectType.LOG))
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        second = await self.manifest_body(rsm, segment)
+        assert first["encryption"]["wrapped_data_key"] != second["encryption"]["wrapped_data_key"]
+        assert await self.raw_read(rsm, self.key(rsm, segment, ObjectType.LOG)) != first_log
+        assert await read_all(rsm, segment.metadata, 0) == segment.log
+
+    async def test_ranged_reads_open_only_the_chunks_they_cover(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=4 * BLOCK_BYTES + 1000)
+        key, stored = await self.copied_log(rsm, segment)
+        tampered = bytearray(stored)
+        tampered[CHUNK_STEP + 7] ^= 0x40  # a byte of chunk 1
+        await self.raw_write(rsm, key, bytes(tampered))
+        # Chunks 0, 2, 3 and 4 are served; any read that covers chunk 1 is refused.
+        for start, end in ((0, BLOCK_BYTES - 1), (2 * BLOCK_BYTES, 4 * BLOCK_BYTES + 999), (100, 200)):
+            assert await read_all(rsm, segment.metadata, start, end) == segment.log[start:end + 1]
+        for start, end in ((0, BLOCK_BYTES), (BLOCK_BYTES + 5, BLOCK_BYTES + 6), (0, None)):
+            with pytest.raises(DecryptionFailed, match=rf"{key}: chunk 1 fails its AES-GCM tag"):
+                await read_all(rsm, segment.metadata, start, end)
+
+    async def test_a_chunk_moved_to_another_position_is_refused(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=3 * BLOCK_BYTES)
+        key, stored = await self.copied_log(rsm, segment)
+        step = CHUNK_STEP
+        await self.raw_write(rsm, key, stored[step:2 * step] + stored[:step] + stored[2 * step:])  # 0 and 1 swapped
+        with pytest.raises(DecryptionFailed, match="chunk 0"):
+            await read_all(rsm, segment.metadata, 0, 10)
+        with pytest.raises(DecryptionFailed, match="chunk 1"):
+            await read_all(rsm, segment.metadata, BLOCK_BYTES, BLOCK_BYTES + 10)
+        assert await read_all(rsm, segment.metadata, 2 * BLOCK_BYTES) == segment.log[2 * BLOCK_BYTES:]
+
+    async def test_an_object_moved_to_another_object_or_segment_is_refused(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        # A log as long as the offset index (8 * 50 bytes): the two objects have equal sizes.
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 1)
+        one = make_segment(tmp_path, log_size=400, topic_id_partition=tip, start_offset=0)
+        other = make_segment(tmp_path, log_size=400, topic_id_partition=tip, start_offset=100)
+        for segment in (one, other):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        index_key = self.key(rsm, one, ObjectType.OFFSET_INDEX)
+        await self.raw_write(rsm, self.key(rsm, one, ObjectType.LOG), await self.raw_read(rsm, index_key))
+        with pytest.raises(DecryptionFailed):
+            await read_all(rsm, one.metadata, 0)
+        await self.raw_write(rsm, index_key, await self.raw_read(rsm, self.key(rsm, other, ObjectType.OFFSET_INDEX)))
+        with pytest.raises(DecryptionFailed):
+            await rsm.fetch_index(one.metadata, IndexType.OFFSET)
+        assert await read_all(rsm, other.metadata, 0) == other.log
+
+    async def test_an_object_cut_at_a_chunk_boundary_is_refused_even_with_its_manifest(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=2 * BLOCK_BYTES + 100)
+        key, stored = await self.copied_log(rsm, segment)
+        await self.raw_write(rsm, key, stored[:2 * CHUNK_STEP])
+        body = await self.manifest_body(rsm, segment)
+        body["objects"]["log"]["size"] = 2 * BLOCK_BYTES  # the manifest agrees with the cut
+        await self.raw_write(rsm, self.key(rsm, segment, ObjectType.MANIFEST), json.dumps(body).encode())
+        await rsm.verify_segment(segment.metadata)  # sizes alone agree
+        with pytest.raises(DecryptionFailed):
+            await read_all(rsm, segment.metadata, BLOCK_BYTES)
+
+    async def test_wrong_and_missing_keys_are_refused_and_name_the_key(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        segment = make_segment(tmp_path, log_size=5000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        impostor = key_ring("k1", "k2", active="k2")  # another key under the same id
+        async with self.other_manager(rsm, impostor) as wrong:
+            with pytest.raises(WrongEncryptionKey, match=r"key 'k1' \(file /etc/tierproxy/k1.key\)") as raised:
+                await read_all(wrong, segment.metadata, 0)
+            assert not raised.value.retriable
+            with pytest.raises(WrongEncryptionKey):
+                await wrong.fetch_index(segment.metadata, IndexType.OFFSET)
+        for keys in (key_ring("k2", active="k2"), KeyRing()):
+            async with self.other_manager(rsm, keys) as missing:
+                with pytest.raises(EncryptionKeyNotFound, match="encrypted with key 'k1'") as raised:
+                    await read_all(missing, segment.metadata, 0)
+                assert isinstance(raised.value, RemoteStorageError) and not raised.value.retriable
+                with pytest.raises(EncryptionKeyNotFound):
+                    await missing.fetch_index(segment.metadata, IndexType.TIMESTAMP)
+                # What does not need the key still works: the objects are all there.
+                await missing.verify_segment(segment.metadata, check_crc=True)
+        assert await read_all(rsm, segment.metadata, 0) == segment.log
+
+    async def test_a_wrapped_data_key_moved_to_another_segment_is_refused(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        one, other = make_segment(tmp_path, log_size=1000), make_segment(tmp_path, log_size=1000)
+        for segment in (one, other):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        body = await self.manifest_body(rsm, other)
+        body["encryption"] = (await self.manifest_body(rsm, one))["encryption"]
+        await self.raw_write(rsm, self.key(rsm, other, ObjectType.MANIFEST), json.dumps(body).encode())
+        async with self.other_manager(rsm, rsm.keys) as fresh:  # no manifest cached
+            with pytest.raises(WrongEncryptionKey):
+                await read_all(fresh, other.metadata, 0)
+            assert await read_all(fresh, one.metadata, 0) == one.log
+
+    async def test_rotation_and_plaintext_segments_read_side_by_side(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 2)
+        plain, old, new = (make_segment(tmp_path, log_size=BLOCK_BYTES + 77, topic_id_partition=tip, start_offset=o)
+                           for o in (0, 100, 200))
+        async with self.other_manager(rsm, KeyRing()) as before_encryption:
+            await before_encryption.copy_log_segment_data(plain.metadata, plain.data)
+        await rsm.copy_log_segment_data(old.metadata, old.data)  # k1, active
+        rotated = KeyRing([*rsm.keys.keys.values(), *key_ring("k2").keys.values()], "k2")
+        async with self.other_manager(rsm, rotated) as after_rotation:
+            await after_rotation.copy_log_segment_data(new.metadata, new.data)
+            for segment, key_id in ((plain, None), (old, "k1"), (new, "k2")):
+                assert await read_all(after_rotation, segment.metadata, 0) == segment.log
+                assert await after_rotation.fetch_index(segment.metadata, IndexType.LEADER_EPOCH) == \
+                    segment.indexes[IndexType.LEADER_EPOCH]
+                manifest = await after_rotation.fetch_manifest(segment.metadata)
+                assert (manifest.encryption.key_id if manifest.encryption else None) == key_id
+        assert (await self.manifest_body(rsm, plain))["version"] == 1
+        self.assert_stored_form(await self.raw_read(rsm, self.key(rsm, new, ObjectType.LOG)), new.log)
+        # The old key retired too early: its segments are refused, the others still read.
+        async with self.other_manager(rsm, KeyRing([rotated.keys["k2"]], "k2")) as retired:
+            with pytest.raises(EncryptionKeyNotFound, match="'k1'"):
+                await read_all(retired, old.metadata, 0)
+            assert await read_all(retired, new.metadata, 0) == new.log
+            assert await read_all(retired, plain.metadata, 0) == plain.log
+
+    async def test_empty_objects_are_sealed_too(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
+        segment = make_segment(tmp_path, log_size=1)
+        segment.data.producer_snapshot_index.write_bytes(b"")
+        segment.indexes[IndexType.PRODUCER_SNAPSHOT] = b""
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        key = self.key(rsm, segment, ObjectType.PRODUCER_SNAPSHOT)
+        assert len(await self.raw_read(rsm, key)) == TAG_BYTES
+        assert await rsm.fetch_index(segment.metadata, IndexType.PRODUCER_SNAPSHOT) == b""
+        await self.raw_write(rsm, key, os.urandom(TAG_BYTES))
+        with pytest.raises(DecryptionFailed):
+            await rsm.fetch_index(segment.metadata, IndexType.PRODUCER_SNAPSHOT)

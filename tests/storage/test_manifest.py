@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tierproxy.storage.errors import CorruptRemoteSegment
-from tierproxy.storage.manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
+from tierproxy.storage.manifest import BLOCK_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, SegmentEncryption, entry_of
 from tierproxy.storage.model import IndexType, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.rsm import ObjectType, kafka_uuid, partition_key_prefix, segment_key_prefix, segment_object_key
 
@@ -100,12 +100,15 @@ def test_partition_prefix_does_not_match_a_longer_partition_number() -> None:
 # -- manifest ------------------------------------------------------------------
 
 entries = st.builds(ObjectEntry, size=st.integers(0, 2**40), crc32c=st.integers(0, 2**32 - 1))
+encryptions = st.builds(SegmentEncryption, key_id=st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True),
+                        wrapped_data_key=st.binary(min_size=60, max_size=60), chunk_bytes=st.integers(1, 2**30))
 manifests = st.builds(
     Manifest,
     segment_id=st.uuids(),
     start_offset=st.integers(0, 2**63 - 1),
     end_offset=st.integers(0, 2**63 - 1),
     objects=st.dictionaries(st.sampled_from([t.value for t in ObjectType if t is not ObjectType.MANIFEST]), entries),
+    encryption=st.none() | encryptions,
 )
 
 
@@ -127,6 +130,44 @@ def test_manifest_is_readable_json() -> None:
     }
 
 
+def test_an_encrypted_manifest_is_version_2_and_names_its_key() -> None:
+    wrapped = bytes(range(60))
+    manifest = Manifest(SEGMENT_ID, 10, 20, {"log": ObjectEntry(300_000, 7)},
+                        SegmentEncryption("k2", wrapped, BLOCK_BYTES))
+    assert json.loads(manifest.encode()) == {
+        "version": 2,
+        "segment_id": str(SEGMENT_ID),
+        "start_offset": 10,
+        "end_offset": 20,
+        "encryption": {"cipher": "AES-256-GCM", "chunk_bytes": BLOCK_BYTES, "key_id": "k2",
+                       "wrapped_data_key": base64.b64encode(wrapped).decode()},
+        "objects": {"log": {"size": 300_000, "crc32c": 7}},
+    }
+    # Two chunks (256 KiB and the rest), each with its 16-byte tag.
+    assert manifest.stored_size(manifest.objects["log"]) == 300_000 + 2 * 16
+    assert manifest.stored_size(ObjectEntry(0, 0)) == 16  # an empty object is one empty chunk
+
+
+def _encrypted() -> dict:
+    return json.loads(Manifest(SEGMENT_ID, 10, 20, {"log": ObjectEntry(3, 7)},
+                               SegmentEncryption("k1", b"w" * 60, BLOCK_BYTES)).encode())
+
+
+@pytest.mark.parametrize("garble", [
+    lambda m: {**m, "version": 1},  # version 1 knows no encryption
+    lambda m: {k: v for k, v in m.items() if k != "encryption"},
+    lambda m: {**m, "encryption": {**m["encryption"], "cipher": "AES-128-CBC"}},
+    lambda m: {**m, "encryption": {**m["encryption"], "key_id": ""}},
+    lambda m: {**m, "encryption": {**m["encryption"], "chunk_bytes": 0}},
+    lambda m: {**m, "encryption": {**m["encryption"], "wrapped_data_key": "not base64!"}},
+    # A plaintext block CRC-32C has no place in an encrypted object's entry.
+    lambda m: {**m, "objects": {"log": {"size": 3, "crc32c": 7, "block_bytes": 4, "blocks": "AAAAAA=="}}},
+])
+def test_malformed_encrypted_manifest_is_corrupt(garble) -> None:
+    with pytest.raises(CorruptRemoteSegment, match="some/key.manifest is malformed"):
+        Manifest.decode(json.dumps(garble(_encrypted())).encode(), name="some/key.manifest")
+
+
 def test_manifest_objects_are_read_only() -> None:
     manifest = Manifest(SEGMENT_ID, 0, 0, {"log": ObjectEntry(1, 1)})
     with pytest.raises(TypeError):
@@ -143,7 +184,8 @@ def _valid() -> dict:
         lambda m: b"",
         lambda m: b"not json",
         lambda m: b"[1, 2]",
-        lambda m: json.dumps({**m, "version": 2}).encode(),
+        lambda m: json.dumps({**m, "version": 3}).encode(),
+        lambda m: json.dumps({**m, "version": 2}).encode(),  # encrypted, but no encryption block
         lambda m: json.dumps({k: v for k, v in m.items() if k != "objects"}).encode(),
         lambda m: json.dumps({**m, "segment_id": "nope"}).encode(),
         lambda m: json.dumps({**m, "start_offset": -1}).encode(),

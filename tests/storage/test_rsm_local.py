@@ -13,7 +13,9 @@ from tierproxy.storage.model import IndexType
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
 
-from .rsm_contract import RemoteStorageManagerContract, make_segment
+from tierproxy.storage.encryption import KeyRing
+
+from .rsm_contract import EncryptedRemoteStorageManagerContract, RemoteStorageManagerContract, make_segment
 
 
 class TestLocalRemoteStorageManager(RemoteStorageManagerContract):
@@ -35,6 +37,18 @@ class TestLocalRemoteStorageManager(RemoteStorageManagerContract):
         assert isinstance(rsm, LocalRemoteStorageManager)
         path = rsm.path_of(key)
         return path.read_bytes() if path.exists() else None
+
+
+class TestLocalRemoteStorageManagerEncrypted(EncryptedRemoteStorageManagerContract, TestLocalRemoteStorageManager):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def rsm(self, tmp_path: Path, keys: KeyRing) -> AsyncIterator[LocalRemoteStorageManager]:
+        async with LocalRemoteStorageManager(tmp_path / "remote", prefix="tiered", chunk_bytes=64 * 1024,
+                                             keys=keys) as rsm:
+            yield rsm
+
+    def other_manager(self, rsm: RemoteStorageManager, keys: KeyRing) -> RemoteStorageManager:
+        assert isinstance(rsm, LocalRemoteStorageManager)
+        return LocalRemoteStorageManager(rsm.root, prefix=rsm.prefix, chunk_bytes=rsm.chunk_bytes, keys=keys)
 
 
 async def test_objects_are_files_under_the_root(tmp_path: Path) -> None:

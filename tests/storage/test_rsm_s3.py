@@ -19,7 +19,15 @@ from tierproxy.storage.s3 import MIB, S3RemoteStorageManager, storage_error
 from testbed.ports import LOOPBACK, free_port
 from testbed.s3 import S3Server
 
-from .rsm_contract import LARGE_SEGMENT_BYTES, RemoteStorageManagerContract, make_segment, read_all
+from tierproxy.storage.encryption import KeyRing
+
+from .rsm_contract import (
+    LARGE_SEGMENT_BYTES,
+    EncryptedRemoteStorageManagerContract,
+    RemoteStorageManagerContract,
+    make_segment,
+    read_all,
+)
 
 # 12 MiB segments go up in three parts: 5 + 5 + 2 MiB.
 PART_BYTES = 5 * MIB
@@ -89,6 +97,20 @@ async def test_every_request_to_the_store_is_reported(s3_server: S3Server, tmp_p
     assert len(seen) > copied  # the read reported its own requests too
 
 
+class TestS3RemoteStorageManagerEncrypted(EncryptedRemoteStorageManagerContract, TestS3RemoteStorageManager):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def rsm(self, s3_server: S3Server, keys: KeyRing) -> AsyncIterator[S3RemoteStorageManager]:
+        self.server = s3_server
+        async with manager(s3_server, keys=keys) as rsm:
+            yield rsm
+
+    def other_manager(self, rsm: RemoteStorageManager, keys: KeyRing) -> RemoteStorageManager:
+        assert isinstance(rsm, S3RemoteStorageManager)
+        other = manager(self.server, keys=keys)
+        other.prefix = rsm.prefix
+        return other
+
+
 async def test_large_segment_goes_up_in_parts(s3_server: S3Server, tmp_path: Path) -> None:
     segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
     async with manager(s3_server) as rsm:
@@ -105,17 +127,17 @@ async def test_failed_multipart_upload_is_aborted(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     segment = make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
-    real_read_part = tierproxy.storage.s3._read_part
+    real_take = tierproxy.storage.s3._Parts.take
     parts_read = 0
 
-    async def failing_read_part(f, path, size):  # the local disk fails after the first part
+    def failing_take(parts):  # the local disk fails after the first part
         nonlocal parts_read
         parts_read += 1
         if parts_read == 2:
-            raise RemoteStorageError(f"cannot read local file {path}: I/O error", retriable=False)
-        return await real_read_part(f, path, size)
+            raise RemoteStorageError(f"cannot read local file {segment.data.log_segment}: I/O error", retriable=False)
+        return real_take(parts)
 
-    monkeypatch.setattr(tierproxy.storage.s3, "_read_part", failing_read_part)
+    monkeypatch.setattr(tierproxy.storage.s3._Parts, "take", failing_take)
     async with manager(s3_server) as rsm:
         with pytest.raises(RemoteStorageError, match="I/O error"):
             await rsm.copy_log_segment_data(segment.metadata, segment.data)
@@ -259,3 +281,31 @@ def test_programming_errors_are_not_disguised() -> None:
     with pytest.raises(KeyError):
         storage_error(KeyError("x"), "get s3://b/k")
 
+
+
+@pytest.mark.parametrize("sse, kms_key_id", [("AES256", ""), ("aws:kms", "alias/tierproxy-test"), ("aws:kms", "")])
+@pytest.mark.parametrize("log_size", [100_000, LARGE_SEGMENT_BYTES], ids=["small", "multipart"])
+async def test_server_side_encryption_of_every_object(
+    s3_server: S3Server, tmp_path: Path, sse: str, kms_key_id: str, log_size: int
+) -> None:
+    segment = make_segment(tmp_path, log_size=log_size)
+    async with manager(s3_server, sse=sse, sse_kms_key_id=kms_key_id) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        keys = await rsm.list_partition_objects(segment.metadata.topic_id_partition)
+        assert await read_all(rsm, segment.metadata, 0) == segment.log
+    assert len(keys) == len(ObjectType)
+    client = s3_server.client()
+    log = client.head_object(Bucket=s3_server.bucket, Key=rsm._key(segment.metadata, ObjectType.LOG))
+    assert ("-" in log["ETag"]) == (log_size == LARGE_SEGMENT_BYTES)  # a multipart upload
+    for key in keys:
+        head = client.head_object(Bucket=s3_server.bucket, Key=key)
+        assert head["ServerSideEncryption"] == sse, key
+        if kms_key_id:
+            assert head["SSEKMSKeyId"].endswith(kms_key_id), key
+
+
+def test_server_side_encryption_settings_are_checked(s3_server: S3Server) -> None:
+    with pytest.raises(ValueError, match="sse"):
+        manager(s3_server, sse="aes256")
+    with pytest.raises(ValueError, match="aws:kms"):
+        manager(s3_server, sse="AES256", sse_kms_key_id="alias/x")

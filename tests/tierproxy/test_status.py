@@ -9,7 +9,9 @@ The command runs as a process, as an operator runs it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +21,13 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import Producer
 
 from tierproxy.client.cluster import Cluster
+from tierproxy.client.connection import KafkaConnection
 from tierproxy.config import load
+from tierproxy.config.addresses import parse_host_port
 from tierproxy.status import broken_invariants
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
-from tests.helpers.remote_tier import tier_from_broker
+from tierproxy.storage.model import TopicIdPartition
+from tests.helpers.remote_tier import cut_segments, fetch_raw_log, tier_from_broker, tier_log, topic_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,3 +197,69 @@ def test_unreachable_cluster_exits_2(tmp_path):
 def test_status_does_not_import_pyspark():
     code = "import sys, tierproxy.cli, tierproxy.status; sys.exit('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
+
+
+async def test_segments_per_encryption_key_and_those_whose_key_is_not_configured(kafka_cluster, topic, tmp_path):
+    """Three segments: copied before encryption, under k1, and under k2 after rotating. With
+    both keys listed status is clean and counts them; with k1 retired too early it names
+    the segment that can no longer be read and exits 1."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=1)
+    await _produce(bootstrap, name, {0: 300})
+    files = {}
+    for key_id in ("k1", "k2"):
+        files[key_id] = tmp_path / f"{key_id}.key"
+        files[key_id].write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    both = f"k1:{files['k1']},k2:{files['k2']}"
+    phases = [{}, {"remote.log.storage.encryption.keys": both, "remote.log.storage.encryption.active.key": "k1"},
+              {"remote.log.storage.encryption.keys": both, "remote.log.storage.encryption.active.key": "k2"}]
+    async with await KafkaConnection.open(*parse_host_port(bootstrap.split(",")[0])) as conn:
+        log = await fetch_raw_log(conn, name, 0, 0, 250)
+        tip = TopicIdPartition(await topic_id_of(conn, name), name, 0)
+    pieces = cut_segments(log, cut_offsets=[80, 160])
+    assert len(pieces) == 3
+    tiered = []
+    for piece, extra in zip(pieces, phases):
+        config = load(_write_properties(tmp_path / "phase.properties", bootstrap, tmp_path, [name], **extra))
+        async with remote_storage_manager(config) as rsm, remote_log_metadata_manager(config) as rlmm:
+            tiered += await tier_log(piece, tip, rsm=rsm, rlmm=rlmm, work_dir=tmp_path / "work")
+    plain, under_k1, under_k2 = tiered
+
+    properties = _write_properties(tmp_path / "tierproxy.properties", bootstrap, tmp_path, [name], **phases[2])
+    result = _status(properties, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (row,) = report["partitions"]
+    assert row["ok"] and row["remote_segments"] == 3 and row["encryption_keys"] == {"k1": 1, "k2": 1}
+    assert report["encryption_keys"] == [
+        {"key_id": "k1", "file": str(files["k1"]), "active": False, "segments": 1},
+        {"key_id": "k2", "file": str(files["k2"]), "active": True, "segments": 1},
+    ]
+    table = _status(properties)
+    assert table.returncode == 0, table.stderr
+    keys = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines() if line.startswith("k")}
+    assert keys == {"k1": [str(files["k1"]), "1"], "k2": [str(files["k2"]), "1", "(active)"]}
+    for path in files.values():  # the material itself is never shown
+        assert path.read_text().strip() not in table.stdout + result.stdout + table.stderr
+
+    retired = _write_properties(tmp_path / "retired.properties", bootstrap, tmp_path, [name], **{
+        "remote.log.storage.encryption.keys": f"k2:{files['k2']}", "remote.log.storage.encryption.active.key": "k2"})
+    broken = _status(retired, "--json")
+    assert broken.returncode == 1
+    assert (f"{name}-0: segment {under_k1.segment_id.id} (offsets {under_k1.start_offset}-{under_k1.end_offset}) "
+            "is encrypted with key 'k1', which remote.log.storage.encryption.keys does not list") in broken.stderr
+    assert str(under_k2.segment_id.id) not in broken.stderr and str(plain.segment_id.id) not in broken.stderr
+    assert json.loads(broken.stdout)["encryption_keys"][1] == {"key_id": "k1", "file": None, "active": False,
+                                                               "segments": 1}
+    table = _status(retired)
+    assert table.returncode == 1
+    assert any(line.split() == ["k1", "NOT", "CONFIGURED", "1"] for line in table.stdout.splitlines())
+
+
+def test_an_unreadable_key_file_is_an_invalid_configuration(tmp_path):
+    properties = _write_properties(tmp_path / "p.properties", "127.0.0.1:1", tmp_path, ["orders"], **{
+        "remote.log.storage.encryption.keys": f"k1:{tmp_path}/absent.key"})
+    result = _status(properties)
+    assert result.returncode == 2
+    assert f"invalid configuration: remote.log.storage.encryption.keys: key 'k1' (file {tmp_path}/absent.key)" \
+        in result.stderr
