@@ -5,6 +5,7 @@ metadata. testbed/ stays in the checkout."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,8 +24,15 @@ LAYERS = ("protocol", "config", "client", "storage", "cache", "remote_log", "pro
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of what the wheel is made of, so that no build/ folder left in the
+    checkout (setuptools builds in the source tree) can add files that are gone."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
                    check=True, capture_output=True, timeout=300)
     (built,) = out.glob("*.whl")
     return built

@@ -447,6 +447,8 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         body = await self.manifest_body(rsm, segment)
         assert body["version"] == 2
+        # the GCM tags check every chunk: a reader need not check batch CRCs again
+        assert await rsm.checks_log_blocks(segment.metadata)
         encryption = body["encryption"]
         assert (encryption["cipher"], encryption["key_id"], encryption["chunk_bytes"]) == (
             "AES-256-GCM", "k1", BLOCK_BYTES)
