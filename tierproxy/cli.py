@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 
 def _version() -> str:
-    try:
-        return version("tierproxy")
-    except PackageNotFoundError:  # running from a source tree that was not installed
-        return "unknown"
+    from tierproxy.config.metrics import tierproxy_version
+
+    return tierproxy_version()
 
 
 def build_parser() -> argparse.ArgumentParser:
