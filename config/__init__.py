@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
+from .addresses import parse_host_port
 from .properties import read_properties
 
 T = TypeVar("T")
@@ -72,6 +73,18 @@ class OneOf:
 
     def __str__(self) -> str:
         return ", ".join('""' if v == "" else str(v) for v in self.values)
+
+
+@dataclass(frozen=True)
+class HostPorts:
+    """Every item of a list is Kafka's `host:port` (or `[ipv6]:port`)."""
+
+    def __call__(self, value: tuple[str, ...]) -> None:
+        for address in value:
+            parse_host_port(address)  # its ValueError names the item and what is wrong
+
+    def __str__(self) -> str:
+        return "host:port[,host:port]"
 
 
 def _parse_bool(text: str) -> bool:
@@ -165,7 +178,7 @@ def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None
 
 # Cluster
 BOOTSTRAP_SERVERS = _define("bootstrap.servers", tuple, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
-        "cluster")
+        "cluster", validator=HostPorts())
 
 # Security of the connections tierproxy opens itself (the pipeline, `status`, the
 # metadata topic, the proxy's own broker queries), with Kafka's client names; the
@@ -536,7 +549,13 @@ def _check_security(values: Mapping[str, Any]) -> None:
 def _suggest(name: str) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, [*KEYS, *_ALIASES], n=1)
+    candidates = [*KEYS, *_ALIASES]
+    if name.startswith(_TOPIC_PREFIX):
+        # A misspelt topic-level key: `topic.<topic>.<key>` for each way of reading the
+        # topic's name out of it (topic names may contain dots).
+        parts = name[len(_TOPIC_PREFIX):].split(".")
+        candidates = [f"{_TOPIC_PREFIX}{'.'.join(parts[:i])}.{key}" for i in range(1, len(parts)) for key in TOPIC_KEYS]
+    close = difflib.get_close_matches(name, candidates, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -21,13 +21,9 @@ from tierproxy.client.connection import AuthenticationError
 from tierproxy.config import ConfigError, load
 from tierproxy.storage.errors import RemoteLogMetadataError
 
-LOG_FORMAT = "%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
-
 
 def run(args: argparse.Namespace) -> int:
     worker = args.worker_of is not None
-    who = f"worker-{args.worker_index} " if worker else ""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who=who), stream=sys.stderr)
     try:
         config = load(args.config, args.override)
     except ConfigError as e:
@@ -62,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config_arguments(args: argparse.Namespace) -> list[str]:
-    out = ["--config", str(args.config)] if args.config is not None else []
+    """What each worker is started with: the same file, overrides and log level."""
+    out = ["--log-level", args.log_level]
+    out += ["--config", str(args.config)] if args.config is not None else []
     for override in args.override:
         out += ["--override", override]
     return out

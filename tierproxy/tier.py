@@ -32,9 +32,7 @@ def parse_interval_ms(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
     interval_ms = None
     try:
         config = load(args.config, args.override)

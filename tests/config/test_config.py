@@ -57,11 +57,23 @@ def test_topic_overrides_and_kafka_defaults():
         ({**BASE, "topic.t.retention.ms": "-7"}, "topic.t.retention.ms"),
         ({**BASE, "remote.log.storage.backend": "s3"}, "remote.log.storage.s3.bucket is required"),
         ({**BASE, "tiered.storage.not.available.error.code": "3"}, "must be one of -1, 9, 7, 56"),
+        ({"bootstrap.servers": "127.0.0.1"}, "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port"),
+        ({"bootstrap.servers": "k:9092,k2:port"}, "'k2:port' is not host:port: the port must be a number"),
+        ({"bootstrap.servers": "[::1"}, "no ']' after the IPv6 address"),
+        ({**BASE, "topic.orders.local.retension.ms": "1"},
+         "topic.orders.local.retension.ms: unknown configuration key (did you mean topic.orders.local.retention.ms"),
+        ({**BASE, "topic.orders.v1.remote.storage.enabel": "true"},
+         "did you mean topic.orders.v1.remote.storage.enable"),
     ],
 )
 def test_bad_configuration_names_the_key(properties, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         parse(properties)
+
+
+def test_host_port_lists_kafka_accepts():
+    config = parse({"bootstrap.servers": "a:9092, [::1]:9093,10.0.0.1:1"})
+    assert config["bootstrap.servers"] == ("a:9092", "[::1]:9093", "10.0.0.1:1")
 
 
 def test_load_a_properties_file_with_overrides(tmp_path: Path):
