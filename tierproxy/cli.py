@@ -117,6 +117,9 @@ def _add_config(commands) -> None:
     actions = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate a file and print the effective configuration")
     _config_arguments(check)
+    check.add_argument("--connect", action="store_true",
+                       help="also try the brokers (a Metadata round trip, with the configured security) "
+                            "and the object store (the bucket or directory); one line each")
     _log_level(check, "WARNING")
     _log_level(actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations"),
                "WARNING")

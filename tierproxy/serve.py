@@ -1,9 +1,10 @@
 """`tierproxy serve`: run the proxy on uvloop until SIGTERM or SIGINT.
 
 Start-up fails with a message naming the key when the configuration is wrong, or
-naming the address when a listener cannot be opened. On a signal the listeners
-close, every client connection is closed, the interceptors are stopped and the
-command exits 0. With `proxy.workers` above 1 (0, the default, is one per core) the
+naming the address when a listener cannot be opened. An object store that cannot be
+reached at start is one WARNING line naming it and the error, and the proxy starts
+anyway. On a signal the listeners close, every client connection is closed, the
+interceptors are stopped and the command exits 0. With `proxy.workers` above 1 (0, the default, is one per core) the
 command supervises that many worker processes (proxy/workers.py), each of them this
 same command with `--worker-of`.
 """
@@ -18,7 +19,7 @@ from aiokafka.errors import KafkaError
 
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
-from tierproxy.config import ConfigError, load
+from tierproxy.config import Config, ConfigError, load
 from tierproxy.storage.errors import RemoteLogMetadataError
 
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         except ConnectionError as e:
             logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
+        _check_store(config)
     try:
         count = 1 if worker else worker_count(config)
         if count > 1:
@@ -55,6 +57,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return WORKER_CANNOT_START if worker else 1
     return 0
+
+
+def _check_store(config: Config) -> None:
+    """One WARNING line when the object store cannot be reached now; the proxy starts
+    anyway (remote partitions get TIERED_STORAGE_NOT_AVAILABLE until it is back)."""
+    import uvloop
+
+    from .probes import probe_store, store_name
+
+    problem = uvloop.run(probe_store(config))
+    if problem is not None:
+        logging.getLogger("tierproxy").warning("%s cannot be reached: %s", store_name(config), problem)
 
 
 def _config_arguments(args: argparse.Namespace) -> list[str]:
