@@ -10,7 +10,8 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    summary, and copying resumes at the local start. Nothing at or above the last stable
    offset is ever copied.
 2. Clean leftovers of earlier passes: every COPY_SEGMENT_STARTED segment of a planned
-   partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`).
+   partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
+   partition whose cleanup fails (its store fails) copies nothing in this pass.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
    parallel across executors. A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
@@ -24,7 +25,10 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    DELETE_SEGMENT_STARTED -> objects deleted -> DELETE_SEGMENT_FINISHED.
 5. Retention (`tierproxy.pipeline.retention.run_retention`): DeleteRecords on the broker over data now
    FINISHED remotely, remote expiry, removal of deleted topics' partitions.
-6. A summary table: partitions, segments, bytes, MB/s, trimmed, expired.
+6. A summary on stdout: a table of partitions, segments, bytes, MB/s, trimmed, expired
+   (or one JSON document with `--json`). A failing cluster, store or metadata manager
+   ends the pass with one line in the summary and the log, never a traceback, and the
+   summary still shows what was done before.
 
 One pipeline at a time: a pass holds an exclusive `flock` on
 `<remote.log.metadata.dir>/tier.lock`, and a second pass fails at once (`PipelineBusy`).
@@ -51,6 +55,7 @@ import asyncio
 import contextlib
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -63,13 +68,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tierproxy.client.cluster import Cluster
 from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR
 from tierproxy.config.tables import text_table
 from tierproxy.storage.backoff import ExponentialBackoff
+from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
 
-from tierproxy.client.cluster import Cluster
 from .commit import CommitResult, clean_orphans, commit_partition
+from .failures import log_failure, one_line
 from .copy import CopyResult, copy_task, metadata_manager
 from .plan import PartitionPlan, plan_pass
 
@@ -118,6 +125,7 @@ class PassReport:
     copy_seconds: float = 0.0
     seconds: float = 0.0
     retention: Any = None  # pipeline.retention.RetentionReport, when that step ran
+    error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
 
     @property
     def segments(self) -> int:
@@ -137,7 +145,8 @@ class PassReport:
 
     @property
     def errors(self) -> list[str]:
-        errors = [f"{p.name}: {p.error}" for p in self.partitions if p.error]
+        errors = [f"pass: {self.error}"] if self.error else []
+        errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
         failures = getattr(self.retention, "failures", None) or []
         return errors + [f"{f.step} {f.partition}: {f.error}" for f in failures]
 
@@ -163,7 +172,7 @@ def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
             attempt = context.attemptNumber() if context is not None else 0
             if attempt + 1 < max_attempts:
                 raise  # Spark runs it again
-            result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=f"{type(e).__name__}: {e}")
+            result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=one_line(e))
         accumulator.add({f"{plan.topic}-{plan.partition}": (result.bytes_copied, len(result.segments))})
         return result
 
@@ -213,19 +222,23 @@ def _retention_step():
     return run_retention
 
 
-async def _pass(config: Config, spark: Any, stream: TextIO, *, retention: bool) -> PassReport:
-    started = time.monotonic()
-    report = PassReport()
+async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool) -> None:
+    """Fills `report` as it goes, so that what was done is reported when a step fails."""
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm:
         plans = await plan_pass(config, cluster, rlmm)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())
         for p in plans:
-            summaries[(p.topic, p.partition)].cleaned += len(
-                await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
+            summary = summaries[(p.topic, p.partition)]
+            try:
+                summary.cleaned += len(await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
+            except (RemoteStorageError, RemoteLogMetadataError) as e:
+                # The orphans stay (never served) for the next pass; this partition copies
+                # nothing now, as its store just failed.
+                summary.error = f"orphan cleanup failed: {log_failure(log, logging.ERROR, f'{summary.name}: orphan cleanup', e)}"
 
-        to_copy = [p for p in plans if not p.empty]
+        to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
         if to_copy:
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
@@ -242,8 +255,6 @@ async def _pass(config: Config, spark: Any, stream: TextIO, *, retention: bool) 
         run_retention = _retention_step() if retention else None
         if run_retention is not None:
             report.retention = await run_retention(config, cluster, rlmm, rsm, now_ms=int(time.time() * 1000))
-    report.seconds = time.monotonic() - started
-    return report
 
 
 def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
@@ -255,13 +266,23 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
 
 
 def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
-             summary: bool = True) -> PassReport:
-    """One pass under the pipeline's lock; prints progress and the summary to `stream` (stderr)."""
+             summary: bool = True, output: TextIO | None = None, as_json: bool = False) -> PassReport:
+    """One pass under the pipeline's lock. Progress goes to `stream` (stderr), the summary
+    to `output` (stdout): a table, or with `as_json` one JSON document on one line. A
+    failure of the cluster, the store or the metadata ends the pass with its report
+    (`error` set), never an exception; only PipelineBusy is raised."""
     stream = stream if stream is not None else sys.stderr
+    report = PassReport()
+    started = time.monotonic()
     with pipeline_lock(config):
-        report = asyncio.run(_pass(config, spark, stream, retention=retention))
+        try:
+            asyncio.run(_pass(config, spark, stream, report, retention=retention))
+        except Exception as e:
+            report.error = log_failure(log, logging.ERROR, "tiering pass", e)
+    report.seconds = time.monotonic() - started
     if summary:
-        print(format_summary(report), file=stream, flush=True)
+        text = json.dumps(summary_json(report), separators=(",", ":")) if as_json else format_summary(report)
+        print(text, file=output if output is not None else sys.stdout, flush=True)
     return report
 
 
@@ -297,11 +318,34 @@ def format_summary(report: PassReport) -> str:
     return "\n".join(lines)
 
 
+def summary_json(report: PassReport) -> dict[str, Any]:
+    """The summary as data: what `tierproxy tier --json` prints, one document per pass."""
+    trimmed = {str(t.topic_id_partition): t for t in getattr(report.retention, "trimmed", None) or []}
+    expired = {str(e.topic_id_partition): e for e in getattr(report.retention, "expired", None) or []}
+    partitions = []
+    for p in report.partitions:
+        t, e = trimmed.get(p.name), expired.get(p.name)
+        partitions.append({
+            "topic": p.plan.topic, "partition": p.plan.partition,
+            "copied_range": None if p.plan.empty else [p.plan.start_offset, p.plan.end_offset],
+            "segments": p.segments, "bytes": p.bytes, "waiting_bytes": p.pending_bytes, "orphans_cleaned": p.cleaned,
+            "trimmed_to": t.new_log_start_offset if t else None, "expired_segments": e.segments if e else 0,
+            "gap": p.plan.gap, "error": p.error,
+        })
+    removed = getattr(report.retention, "removed", None) or []
+    return {
+        "ok": report.ok, "seconds": round(report.seconds, 3), "copy_seconds": round(report.copy_seconds, 3),
+        "segments": report.segments, "bytes": report.bytes, "partitions": partitions,
+        "removed_partitions": [str(r.topic_id_partition) for r in removed], "errors": report.errors,
+    }
+
+
 # ----------------------------------------------------------------------------- --every
 
 
 def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | None = None,
-              stop: threading.Event | None = None, max_passes: int | None = None) -> int:
+              stop: threading.Event | None = None, max_passes: int | None = None, output: TextIO | None = None,
+              as_json: bool = False) -> int:
     """Passes until SIGINT/SIGTERM (or `stop`, or `max_passes`); returns how many failed in a row at the end."""
     stop = stop or threading.Event()
     previous = {}
@@ -314,12 +358,12 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
         while not stop.is_set():
             passes += 1
             try:
-                report = run_pass(config, spark, stream=stream)
+                report = run_pass(config, spark, stream=stream, output=output, as_json=as_json)
                 failures = 0 if report.ok else failures + 1
             except Exception as e:
                 failures += 1
-                # Expected failures (busy, unreachable, refused) are one line; anything else gets its traceback.
-                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, ConnectionError)))
+                # Expected failures (busy, a lock file that cannot be made) are one line; anything else gets its traceback.
+                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:
                 break
             wait_ms = interval_ms if failures == 0 else min(interval_ms, backoff.backoff_ms(failures - 1))

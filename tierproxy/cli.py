@@ -140,6 +140,8 @@ def _add_tier(commands) -> None:
     tier = commands.add_parser("tier", help="copy tiered partitions to remote storage (a Spark job), then retention")
     _config_arguments(tier)
     _log_level(tier, "INFO")
+    tier.add_argument("--json", action="store_true",
+                      help="the summary of each pass as one JSON document on stdout (one line per pass)")
     tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")

@@ -1,5 +1,9 @@
 """`tierproxy tier`: one tiering pass, or `--every INTERVAL` until SIGINT/SIGTERM.
 
+The summary of each pass goes to stdout (a table, or one JSON document per line with
+`--json`); progress and log lines to stderr. A failure of the cluster, the object store or
+the metadata is one line in the summary and the log, never a traceback.
+
 Exit status: 0 when the (last) pass succeeded, 1 when it failed or reported errors,
 2 for a configuration error.
 """
@@ -12,12 +16,9 @@ import logging
 import re
 import sys
 
-from aiokafka.errors import KafkaError
-
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
 from tierproxy.config import ConfigError, load, REMOTE_LOG_MANAGER_TASK_INTERVAL_MS
-from tierproxy.storage.errors import RemoteLogMetadataError
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -57,12 +58,11 @@ def run(args: argparse.Namespace) -> int:
     spark = spark_session(config)
     try:
         if interval_ms is not None:
-            return 1 if run_every(config, spark, interval_ms) else 0
+            return 1 if run_every(config, spark, interval_ms, as_json=args.json) else 0
         try:
-            return 0 if run_pass(config, spark).ok else 1
-        except (PipelineBusy, ConnectionError, KafkaError, RemoteLogMetadataError) as e:
-            # The cluster or the metadata store cannot be reached as configured: the
-            # message names the broker and the key to fix; a traceback adds nothing.
+            return 0 if run_pass(config, spark, as_json=args.json).ok else 1
+        except (PipelineBusy, OSError) as e:
+            # Another pipeline holds the lock, or the lock file cannot be made: one line.
             print(f"tierproxy tier: {e}", file=sys.stderr)
             return 1
     finally:
