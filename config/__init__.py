@@ -273,6 +273,27 @@ REMOTE_LOG_MANAGER_TASK_RETRY_JITTER = _define("remote.log.manager.task.retry.ji
 REMOTE_PARTITION_REMOVER_TASK_INTERVAL_MS = _define("remote.partition.remover.task.interval.ms", int, 3_600_000,
         "Interval between checks for deleted topics whose remote data must be removed.",
         "remote log manager", validator=Range(1))
+# KIP-956's quotas: Kafka's names, defaults and semantics (storage.quota).
+UNLIMITED_BYTES_PER_SECOND = 2**63 - 1  # Kafka's Long.MAX_VALUE: no quota
+REMOTE_LOG_MANAGER_COPY_MAX_BYTES_PER_SECOND = _define("remote.log.manager.copy.max.bytes.per.second", int,
+        UNLIMITED_BYTES_PER_SECOND,
+        "Bytes per second the pipeline copies to remote storage, all copy tasks of a pass together (KIP-956); "
+        "each of the Spark tasks running at once gets an equal share. A copy over the quota waits, it never "
+        "fails. The default, Long.MAX_VALUE, is no quota.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_NUM = _define("remote.log.manager.copy.quota.window.num", int, 11,
+        "Samples of the copy rate kept (10 whole windows and the current one by default).", "remote log manager",
+        validator=Range(1))
+REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.copy.quota.window.size.seconds", int, 1,
+        "Time span of one sample of the copy rate.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_MAX_BYTES_PER_SECOND = _define("remote.log.manager.fetch.max.bytes.per.second", int,
+        UNLIMITED_BYTES_PER_SECOND,
+        "Bytes per second read from remote storage for fetches (KIP-956's fetch quota). Accepted and "
+        "checked; the proxy does not apply it yet. The default, Long.MAX_VALUE, is no quota.",
+        "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_NUM = _define("remote.log.manager.fetch.quota.window.num", int, 11,
+        "Samples of the remote fetch rate kept.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.fetch.quota.window.size.seconds", int, 1,
+        "Time span of one sample of the remote fetch rate.", "remote log manager", validator=Range(1))
 LOG_INDEX_INTERVAL_BYTES = _define("log.index.interval.bytes", int, 4096, "Bytes of log between two offset-index entries.",
         "remote log manager", validator=Range(0))
 

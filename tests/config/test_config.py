@@ -64,6 +64,7 @@ def test_topic_overrides_and_kafka_defaults():
          "topic.orders.local.retension.ms: unknown configuration key (did you mean topic.orders.local.retention.ms"),
         ({**BASE, "topic.orders.v1.remote.storage.enabel": "true"},
          "did you mean topic.orders.v1.remote.storage.enable"),
+        ({**BASE, "remote.log.manager.copy.max.bytes.per.second": "0"}, "must be >= 1"),
     ],
 )
 def test_bad_configuration_names_the_key(properties, message):
