@@ -45,6 +45,7 @@ from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, buil
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
 from tierproxy.storage.model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata
+from tierproxy.storage.quota import RateQuota
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.client.cluster import Cluster, ClusterError
@@ -125,6 +126,7 @@ async def copy_partition(
     work_dir: Path,
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     on_segment: Callable[[RemoteLogSegmentMetadata], None] | None = None,
+    quota: RateQuota | None = None,
 ) -> CopyResult:
     result = CopyResult(plan.topic, plan.partition)
     if plan.empty:
@@ -140,6 +142,8 @@ async def copy_partition(
     uploading: asyncio.Task[None] | None = None
 
     async def upload(metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> None:
+        if quota is not None:  # KIP-956: wait while the copy quota is exceeded, as Kafka's copy task does
+            await quota.acquire(metadata.segment_size_in_bytes)
         await rlmm.add_remote_log_segment_metadata(metadata)
         await rsm.copy_log_segment_data(metadata, data)
         for path in (data.log_segment, data.offset_index, data.time_index, data.transaction_index,
@@ -271,7 +275,7 @@ def _inject_failure(rsm: RemoteStorageManager, after_objects: int) -> None:
         setattr(rsm, name, put)
 
 
-async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> CopyResult:
+async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0, quota: RateQuota | None = None) -> CopyResult:
     """One attempt at one partition: opens its own connections, storage and metadata manager."""
     scratch = Path(tempfile.mkdtemp(prefix=f"tierproxy-copy-{plan.topic}-{plan.partition}-"))
     try:
@@ -281,14 +285,15 @@ async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> 
             _inject_failure(rsm, fail_after)
         async with Cluster.from_config(config) as cluster, rsm, \
                 metadata_manager(config, in_task=True, scratch_dir=str(scratch / "metadata")) as rlmm:
-            result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch)
+            result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch,
+                                          quota=quota)
         result.attempt = attempt
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def copy_task(raw_config: dict[str, str], plan: PartitionPlan) -> CopyResult:
+def copy_task(raw_config: dict[str, str], plan: PartitionPlan, quota: RateQuota | None = None) -> CopyResult:
     """The body of a Spark task: `raw_config` is `Config.raw()`, shipped from the driver."""
     attempt = 0
     try:
@@ -300,4 +305,4 @@ def copy_task(raw_config: dict[str, str], plan: PartitionPlan) -> CopyResult:
     except ImportError:  # called outside Spark
         pass
     config = parse(raw_config, source="<shipped from the driver>")
-    return asyncio.run(run_copy(config, plan, attempt=attempt))
+    return asyncio.run(run_copy(config, plan, attempt=attempt, quota=quota))
