@@ -13,7 +13,9 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
    partition whose cleanup fails (its store fails) copies nothing in this pass.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
-   parallel across executors. A task cuts segments of `segment.bytes` (or older than
+   parallel across executors. With `remote.log.manager.copy.max.bytes.per.second`
+   (KIP-956) each task running at once gets an equal share of the quota and waits before
+   a segment while its share is exceeded (`storage.quota`, Kafka's rate semantics). A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
    segment id, uploads it, and returns the metadata. It never marks anything FINISHED.
    A task that keeps failing up to its last allowed attempt returns its error instead of
@@ -74,6 +76,7 @@ from tierproxy.config.tables import text_table
 from tierproxy.storage.backoff import ExponentialBackoff
 from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
 from .commit import CommitResult, clean_orphans, commit_partition
 from .failures import log_failure, one_line
@@ -113,6 +116,7 @@ class PartitionSummary:
     pending_bytes: int = 0
     cleaned: int = 0
     error: str | None = None
+    throttle_waits: list[float] = field(default_factory=list)  # seconds each copy waited for the quota
 
     @property
     def name(self) -> str:
@@ -158,13 +162,23 @@ class PassReport:
 # ----------------------------------------------------------------------------- the Spark job
 
 
-def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
-    """The function Spark runs per plan. On the last allowed attempt an error is returned
-    (and committed as nothing) instead of failing the whole job."""
+@dataclass(slots=True)
+class TaskOutcome:
+    """What a copy task hands back: its copy, and each wait of the copy quota (seconds)."""
 
-    def run(plan: PartitionPlan) -> CopyResult:
+    result: CopyResult
+    throttle_waits: list[float] = field(default_factory=list)
+
+
+def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any, quota: QuotaSettings):
+    """The function Spark runs per plan. On the last allowed attempt an error is returned
+    (and committed as nothing) instead of failing the whole job. `quota` is this task's
+    share of the copy quota."""
+
+    def run(plan: PartitionPlan) -> TaskOutcome:
+        throttle = RateQuota(quota) if quota.enabled else None
         try:
-            result = copy_task(raw_config, plan)
+            result = copy_task(raw_config, plan, throttle)
         except Exception as e:
             from pyspark import TaskContext
 
@@ -174,19 +188,29 @@ def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
                 raise  # Spark runs it again
             result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=one_line(e))
         accumulator.add({f"{plan.topic}-{plan.partition}": (result.bytes_copied, len(result.segments))})
-        return result
+        return TaskOutcome(result, throttle.waits if throttle is not None else [])
 
     return run
 
 
-def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[CopyResult]:
+def copy_quota_share(config: Config, spark: Any, tasks: int) -> QuotaSettings:
+    """Each task's share of `remote.log.manager.copy.max.bytes.per.second`: the quota over
+    the tasks that run at once, as the proxy's workers share its bounds. Spark runs each
+    task in its own Python worker, so a task cannot lend its unused share to another; when
+    fewer tasks than slots are left, the pass copies below the quota, never above it."""
+    from .spark import task_slots
+
+    return copy_quota_settings(config).share(min(tasks, task_slots(spark)))
+
+
+def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[TaskOutcome]:
     from .progress import CopyProgress
     from .spark import max_task_attempts
 
     sc = spark.sparkContext
     group = f"tierproxy-tier-{uuid.uuid4().hex[:8]}"
     progress = CopyProgress(spark, group, len(plans), stream=stream)
-    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator)
+    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator, copy_quota_share(config, spark, len(plans)))
     outcome: dict[str, Any] = {}
 
     def job() -> None:
@@ -243,12 +267,14 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
             copy_started = time.monotonic()
-            results = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
+            outcomes = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
             report.copy_seconds = time.monotonic() - copy_started
-            by_partition = {(r.topic, r.partition): r for r in results}
+            by_partition = {(o.result.topic, o.result.partition): o for o in outcomes}
             for p in to_copy:
                 summary = summaries[(p.topic, p.partition)]
-                result = by_partition[(p.topic, p.partition)]
+                outcome = by_partition[(p.topic, p.partition)]
+                result = outcome.result
+                summary.throttle_waits = outcome.throttle_waits
                 commit = await commit_partition(rlmm, rsm, p, [] if result.error else result.metadata())
                 _record(summary, result, commit, result.error)
 
