@@ -171,9 +171,11 @@ def _define(name: str, type_: type[T], default: Any, doc: str, group: str, **kwa
     return key
 
 
-def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None) -> None:
-    """A Kafka topic-level setting, given as `topic.<name>.<key>`."""
-    _TOPIC_KEYS[name] = ConfigKey(name, type_, None, doc, "topic", validator)
+def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None, *,
+               default: Any = None) -> None:
+    """A Kafka topic-level setting, given as `topic.<name>.<key>`; without a `default` it
+    falls back to a broker-style key (TOPIC_DEFAULTS)."""
+    _TOPIC_KEYS[name] = ConfigKey(name, type_, default, doc, "topic", validator)
 
 
 # Cluster
@@ -313,7 +315,15 @@ LOG_ROLL_MS = _define("log.roll.ms", int, 604_800_000,
         "A remote segment is also cut when its first batch is older than this.", "topic defaults",
         validator=Range(1))
 
-_topic_key("remote.storage.enable", bool, "Tier this topic.")
+_topic_key("remote.storage.enable", bool, "Tier this topic. Turning it off while the topic has remote data needs "
+           "remote.log.delete.on.disable=true (Kafka's rule): the pipeline then deletes the remote data.",
+           default=False)
+_topic_key("remote.log.copy.disable", bool, "Stop copying this tiered topic (KIP-950): its remote data is still "
+           "served and expires by retention.ms / retention.bytes, which local.retention.ms / .bytes must then "
+           "equal (or be -2), as Kafka requires.", default=False)
+_topic_key("remote.log.delete.on.disable", bool, "With remote.storage.enable=false: delete the topic's remote "
+           "data and its metadata at the next pass (KIP-950), after which nothing of it is served remotely.",
+           default=False)
 _topic_key("local.retention.ms", int, "Local retention; -2 means retention.ms.", Range(-2))
 _topic_key("local.retention.bytes", int, "Local retention bytes; -2 means retention.bytes.", Range(-2))
 _topic_key("retention.ms", int, "Remote retention; -1 keeps forever.", Range(-1))
@@ -431,6 +441,8 @@ class TopicConfig:
 
     name: str
     remote_storage_enable: bool
+    remote_log_copy_disable: bool
+    remote_log_delete_on_disable: bool
     local_retention_ms: int
     local_retention_bytes: int
     retention_ms: int
@@ -486,15 +498,31 @@ def _format(value: Any) -> str:
 
 
 def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, Any]) -> TopicConfig:
-    settings = {"remote_storage_enable": overrides.get("remote.storage.enable", False)}
+    settings = {key.replace(".", "_"): overrides.get(key, TOPIC_KEYS[key].default)
+                for key in TOPIC_KEYS if key not in TOPIC_DEFAULTS}
     for key, default_key in TOPIC_DEFAULTS.items():
         settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
+    _check_copy_disable(name, settings)
     # Kafka's -2: local retention follows the (remote) retention.
     if settings["local_retention_ms"] == -2:
         settings["local_retention_ms"] = settings["retention_ms"]
     if settings["local_retention_bytes"] == -2:
         settings["local_retention_bytes"] = settings["retention_bytes"]
     return TopicConfig(name=name, **settings)
+
+
+def _check_copy_disable(name: str, settings: Mapping[str, Any]) -> None:
+    """Kafka's `LogConfig.validateRetentionConfigsWhenRemoteCopyDisabled`, with its messages:
+    once nothing more is copied, local retention is the whole retention (-2 says so)."""
+    if not (settings["remote_storage_enable"] and settings["remote_log_copy_disable"]):
+        return
+    for unit in ("bytes", "ms"):
+        local, total = settings[f"local_retention_{unit}"], settings[f"retention_{unit}"]
+        if local != -2 and local != total:
+            raise ConfigError(
+                f"{_TOPIC_PREFIX}{name}.remote.log.copy.disable=true: When `remote.log.copy.disable` is set to true, "
+                f"the `local.retention.{unit}` and `retention.{unit}` must be set to the identical value because "
+                "there will be no more logs copied to the remote storage.")
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")

@@ -26,7 +26,10 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    Every other STARTED segment (failed attempts, speculative duplicates) is deleted through
    DELETE_SEGMENT_STARTED -> objects deleted -> DELETE_SEGMENT_FINISHED.
 5. Retention (`tierproxy.pipeline.retention.run_retention`): DeleteRecords on the broker over data now
-   FINISHED remotely, remote expiry, removal of deleted topics' partitions.
+   FINISHED remotely, remote expiry, removal of deleted topics' partitions; then the
+   remote data of topics whose remote storage was turned off (KIP-950,
+   `pipeline.remote_storage_disable`): deleted with `remote.log.delete.on.disable=true`,
+   else refused with Kafka's message.
 6. A summary on stdout: a table of partitions, segments, bytes, MB/s, trimmed, expired
    (or one JSON document with `--json`). A failing cluster, store or metadata manager
    ends the pass with one line in the summary and the log, never a traceback, and the
@@ -82,6 +85,7 @@ from .commit import CommitResult, clean_orphans, commit_partition
 from .failures import log_failure, one_line
 from .copy import CopyResult, copy_task, metadata_manager
 from .plan import PartitionPlan, plan_pass
+from .remote_storage_disable import RemoteStorageDisableResult, apply_remote_storage_disable
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +133,7 @@ class PassReport:
     copy_seconds: float = 0.0
     seconds: float = 0.0
     retention: Any = None  # pipeline.retention.RetentionReport, when that step ran
+    disabled: RemoteStorageDisableResult = field(default_factory=RemoteStorageDisableResult)
     error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
 
     @property
@@ -152,7 +157,9 @@ class PassReport:
         errors = [f"pass: {self.error}"] if self.error else []
         errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
         failures = getattr(self.retention, "failures", None) or []
-        return errors + [f"{f.step} {f.partition}: {f.error}" for f in failures]
+        errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
+        errors += [error for _, error in self.disabled.refused]
+        return errors + [f"remote storage disable {tp}: {error}" for tp, error in self.disabled.failures]
 
     @property
     def ok(self) -> bool:
@@ -281,6 +288,11 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
         run_retention = _retention_step() if retention else None
         if run_retention is not None:
             report.retention = await run_retention(config, cluster, rlmm, rsm, now_ms=int(time.time() * 1000))
+        if retention:
+            try:
+                report.disabled = await apply_remote_storage_disable(config, cluster, rlmm, rsm)
+            except Exception as e:
+                report.disabled.failures.append(("*", log_failure(log, logging.WARNING, "remote storage disable", e)))
 
 
 def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
@@ -322,7 +334,7 @@ def format_summary(report: PassReport) -> str:
     rows = []
     for p in report.partitions:
         t, e = trimmed.get(p.name), expired.get(p.name)
-        note = "GAP: data lost before tiering" if p.plan.gap else ""
+        note = "GAP: data lost before tiering" if p.plan.gap else "copy disabled" if p.plan.copy_disabled else ""
         if p.error:
             note = (note + "; " if note else "") + f"ERROR {p.error}"
         copied = f"[{p.plan.start_offset}, {p.plan.end_offset})" if not p.plan.empty else "-"
@@ -339,6 +351,9 @@ def format_summary(report: PassReport) -> str:
     removed = getattr(report.retention, "removed", None) or []
     if removed:
         lines.append(f"removed partitions of deleted topics: {', '.join(str(r.topic_id_partition) for r in removed)}")
+    if report.disabled.removed:
+        lines.append("remote data deleted, remote storage turned off (remote.log.delete.on.disable): "
+                     + ", ".join(f"{r.topic_id_partition} ({r.segments} segments)" for r in report.disabled.removed))
     for error in report.errors:
         lines.append(f"ERROR {error}")
     return "\n".join(lines)
@@ -356,13 +371,15 @@ def summary_json(report: PassReport) -> dict[str, Any]:
             "copied_range": None if p.plan.empty else [p.plan.start_offset, p.plan.end_offset],
             "segments": p.segments, "bytes": p.bytes, "waiting_bytes": p.pending_bytes, "orphans_cleaned": p.cleaned,
             "trimmed_to": t.new_log_start_offset if t else None, "expired_segments": e.segments if e else 0,
-            "gap": p.plan.gap, "error": p.error,
+            "gap": p.plan.gap, "copy_disabled": p.plan.copy_disabled, "error": p.error,
         })
     removed = getattr(report.retention, "removed", None) or []
     return {
         "ok": report.ok, "seconds": round(report.seconds, 3), "copy_seconds": round(report.copy_seconds, 3),
         "segments": report.segments, "bytes": report.bytes, "partitions": partitions,
-        "removed_partitions": [str(r.topic_id_partition) for r in removed], "errors": report.errors,
+        "removed_partitions": [str(r.topic_id_partition) for r in removed],
+        "remote_storage_disabled": [str(r.topic_id_partition) for r in report.disabled.removed],
+        "errors": report.errors,
     }
 
 

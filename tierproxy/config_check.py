@@ -220,7 +220,7 @@ def generate_docs() -> str:
         "|---|---|---|---|---|",
     ]
     for name, key in TOPIC_KEYS.items():
-        fallback = f"`{TOPIC_FALLBACKS[name]}`" if name in TOPIC_FALLBACKS else "(not tiered: `false`)"
+        fallback = f"`{TOPIC_FALLBACKS[name]}`" if name in TOPIC_FALLBACKS else f"(default `{show(key.default)}`)"
         lines.append(f"| `{name}` | {key.type_name} | {fallback} | {_valid(key)} | {_cell(key.doc)} |")
     lines.append("")
     return "\n".join(lines)

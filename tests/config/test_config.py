@@ -72,6 +72,22 @@ def test_bad_configuration_names_the_key(properties, message):
         parse(properties)
 
 
+def test_kip_950_topic_keys_and_kafkas_rule_for_copy_disable():
+    tiered = {**BASE, "topic.o.remote.storage.enable": "true"}
+    topic = parse(tiered).topic("o")
+    assert not topic.remote_log_copy_disable and not topic.remote_log_delete_on_disable
+    # -2 (the default) is local retention = retention: accepted, as Kafka accepts it.
+    assert parse({**tiered, "topic.o.remote.log.copy.disable": "true"}).topic("o").remote_log_copy_disable
+    with pytest.raises(ConfigError, match="topic.o.remote.log.copy.disable=true: When `remote.log.copy.disable` is set "
+                                          "to true, the `local.retention.bytes` and `retention.bytes` must be set"):
+        parse({**tiered, "topic.o.remote.log.copy.disable": "true", "log.local.retention.bytes": "10"})
+    assert parse({**tiered, "topic.o.remote.log.copy.disable": "true", "topic.o.local.retention.ms": "5",
+                  "topic.o.retention.ms": "5"}).topic("o").local_retention_ms == 5
+    # Not tiered: Kafka does not check it.
+    parse({**BASE, "topic.o.remote.log.copy.disable": "true", "topic.o.local.retention.ms": "5"})
+    assert parse({**BASE, "topic.o.remote.log.delete.on.disable": "true"}).topic("o").remote_log_delete_on_disable
+
+
 def test_host_port_lists_kafka_accepts():
     config = parse({"bootstrap.servers": "a:9092, [::1]:9093,10.0.0.1:1"})
     assert config["bootstrap.servers"] == ("a:9092", "[::1]:9093", "10.0.0.1:1")
