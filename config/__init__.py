@@ -417,8 +417,10 @@ TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE = _define("tiered.storage.not.available.
         "Kafka error code sent when remote data cannot be read (UNKNOWN_SERVER_ERROR -1, "
         "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
         validator=OneOf((-1, 9, 7, 56)))
-METRICS_PORT = _define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
-        validator=Range(0, 65535))
+METRICS_PORT = _define("metrics.port", int, 9404,
+        "Port of the Prometheus metrics endpoint of `tierproxy serve`, and of `tierproxy tier --every` (both on "
+        "proxy.listener.host; on one machine give them different ports); 0 disables it. docs/metrics.md lists "
+        "the metrics.", "proxy", validator=Range(0, 65535))
 BROKER_CONNECTION_SETUP_TIMEOUT_MS = _define("broker.connection.setup.timeout.ms", int, 10_000,
         "How long the proxy waits for a client's upstream connection to a broker.", "proxy",
         validator=Range(1))

@@ -47,7 +47,8 @@ The file metadata backend is written by the driver and the tasks at once (shared
 one flock per append), so with it the executors must see the driver's
 `remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
 
-`--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default).
+`--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default),
+and `pipeline.metrics` on `metrics.port` says how they went.
 A failed pass is logged and retried after Kafka's exponential backoff (`storage.backoff`):
 `remote.log.manager.task.retry.backoff.ms`, doubling up to `...retry.backoff.max.ms`, with
 `...retry.jitter` (never later than the interval). SIGINT and SIGTERM stop
@@ -81,10 +82,12 @@ from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
-from .commit import CommitResult, clean_orphans, commit_partition
+from .commit import CommitResult, clean_orphans, commit_partition, refresh
 from .failures import log_failure, one_line
 from .copy import CopyResult, copy_task, metadata_manager
 from .plan import PartitionPlan, plan_pass
+from .metrics import PipelineMetrics
+from .remote_log_stats import RemoteLogStats, remote_log_stats
 from .remote_storage_disable import RemoteStorageDisableResult, apply_remote_storage_disable
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,12 @@ class PartitionSummary:
     cleaned: int = 0
     error: str | None = None
     throttle_waits: list[float] = field(default_factory=list)  # seconds each copy waited for the quota
+    uploaded: int = 0  # segments the copy task uploaded (committed or not)
+    copy_failed: bool = False
+    cleanup_failed: bool = False  # deleting orphans of earlier passes failed
+    # (bytes, segments) the pass found to copy: complete segments below the last stable
+    # offset not yet remote; None when it could not tell (the copy failed)
+    copy_lag: tuple[int, int] | None = (0, 0)
 
     @property
     def name(self) -> str:
@@ -134,6 +143,7 @@ class PassReport:
     seconds: float = 0.0
     retention: Any = None  # pipeline.retention.RetentionReport, when that step ran
     disabled: RemoteStorageDisableResult = field(default_factory=RemoteStorageDisableResult)
+    remote_logs: dict[str, RemoteLogStats] = field(default_factory=dict)  # by partition, after the pass
     error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
 
     @property
@@ -268,6 +278,7 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
                 # The orphans stay (never served) for the next pass; this partition copies
                 # nothing now, as its store just failed.
                 summary.error = f"orphan cleanup failed: {log_failure(log, logging.ERROR, f'{summary.name}: orphan cleanup', e)}"
+                summary.cleanup_failed, summary.copy_lag = True, None
 
         to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
         if to_copy:
@@ -294,6 +305,14 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
             except Exception as e:
                 report.disabled.failures.append(("*", log_failure(log, logging.WARNING, "remote storage disable", e)))
 
+        await refresh(rlmm)
+        now_ms = int(time.time() * 1000)
+        report.remote_logs = {
+            f"{p.topic}-{p.partition}": remote_log_stats(rlmm.list_segments(p.topic_id_partition),
+                                                        config.topic(p.topic), now_ms)
+            for p in plans
+        }
+
 
 def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
     summary.segments = len(commit.committed)
@@ -301,6 +320,9 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
     summary.pending_bytes = result.pending_bytes
     summary.cleaned += len(commit.cleaned)
     summary.error = error or commit.error
+    summary.uploaded = len(result.segments)
+    summary.copy_failed = summary.error is not None
+    summary.copy_lag = None if error else (result.bytes_copied, len(result.segments))
 
 
 def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
@@ -388,7 +410,7 @@ def summary_json(report: PassReport) -> dict[str, Any]:
 
 def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | None = None,
               stop: threading.Event | None = None, max_passes: int | None = None, output: TextIO | None = None,
-              as_json: bool = False) -> int:
+              as_json: bool = False, metrics: PipelineMetrics | None = None) -> int:
     """Passes until SIGINT/SIGTERM (or `stop`, or `max_passes`); returns how many failed in a row at the end."""
     stop = stop or threading.Event()
     previous = {}
@@ -400,11 +422,16 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
     try:
         while not stop.is_set():
             passes += 1
+            started = time.monotonic()
             try:
                 report = run_pass(config, spark, stream=stream, output=output, as_json=as_json)
                 failures = 0 if report.ok else failures + 1
+                if metrics is not None:
+                    metrics.record(report)
             except Exception as e:
                 failures += 1
+                if metrics is not None:
+                    metrics.pass_failed(time.monotonic() - started)
                 # Expected failures (busy, a lock file that cannot be made) are one line; anything else gets its traceback.
                 log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:

@@ -123,6 +123,8 @@ def _add_config(commands) -> None:
     _log_level(check, "WARNING")
     _log_level(actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations"),
                "WARNING")
+    _log_level(actions.add_parser("metrics", help="print docs/metrics.md, generated from the metric declarations"),
+               "WARNING")
     config.set_defaults(run=_lazy("tierproxy.config_check"))
 
 

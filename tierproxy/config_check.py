@@ -233,6 +233,11 @@ def run(args: argparse.Namespace) -> int:
     if args.config_command == "docs":
         sys.stdout.write(generate_docs())
         return EXIT_OK
+    if args.config_command == "metrics":
+        from .metrics_docs import generate_metrics_docs
+
+        sys.stdout.write(generate_metrics_docs())
+        return EXIT_OK
     return check(args.config, args.override, sys.stdout, sys.stderr, connect=args.connect)
 
 

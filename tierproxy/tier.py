@@ -1,6 +1,7 @@
 """`tierproxy tier`: one tiering pass, or `--every INTERVAL` until SIGINT/SIGTERM.
 
-The summary of each pass goes to stdout (a table, or one JSON document per line with
+With `--every`, the pipeline's metrics are served on `metrics.port` (on
+`proxy.listener.host`; 0 turns them off). The summary of each pass goes to stdout (a table, or one JSON document per line with
 `--json`); progress and log lines to stderr. A failure of the cluster, the object store or
 the metadata is one line in the summary and the log, never a traceback.
 
@@ -18,7 +19,13 @@ import sys
 
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
-from tierproxy.config import ConfigError, load, REMOTE_LOG_MANAGER_TASK_INTERVAL_MS
+from tierproxy.config import (
+    METRICS_PORT,
+    PROXY_LISTENER_HOST,
+    REMOTE_LOG_MANAGER_TASK_INTERVAL_MS,
+    ConfigError,
+    load,
+)
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -55,10 +62,21 @@ def run(args: argparse.Namespace) -> int:
     from tierproxy.pipeline.spark import spark_session
     from tierproxy.pipeline.tier import PipelineBusy, run_every, run_pass
 
+    metrics = http = None
+    if interval_ms is not None and config[METRICS_PORT]:
+        from tierproxy.config.metrics import metrics_endpoint
+        from tierproxy.pipeline.metrics import PipelineMetrics
+
+        metrics = PipelineMetrics()
+        try:
+            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
+        except OSError as e:
+            print(f"tierproxy tier: {e} (metrics.port; 0 turns the endpoint off)", file=sys.stderr)
+            return 2
     spark = spark_session(config)
     try:
         if interval_ms is not None:
-            return 1 if run_every(config, spark, interval_ms, as_json=args.json) else 0
+            return 1 if run_every(config, spark, interval_ms, as_json=args.json, metrics=metrics) else 0
         try:
             return 0 if run_pass(config, spark, as_json=args.json).ok else 1
         except (PipelineBusy, OSError) as e:
@@ -67,3 +85,6 @@ def run(args: argparse.Namespace) -> int:
             return 1
     finally:
         spark.stop()
+        if http is not None:
+            http.shutdown()
+            http.server_close()

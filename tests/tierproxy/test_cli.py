@@ -30,7 +30,7 @@ def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
 def test_every_subcommand_takes_a_log_level():
     parser = build_parser()
     leaves = _leaf_commands(parser)
-    assert {("serve",), ("tier",), ("status",), ("config", "check"), ("config", "docs"),
+    assert {("serve",), ("tier",), ("status",), ("config", "check"), ("config", "docs"), ("config", "metrics"),
             ("loadtest",)} <= set(leaves)
     required = {("loadtest",): ["--bootstrap", "h:1", "--topic", "t"]}
     for words in leaves:
