@@ -142,7 +142,7 @@ def generate_metrics_docs() -> str:
         "histograms as `_bucket`, `_sum` and `_count`. Where Kafka's tiered storage measures",
         "the same thing, its name is given (KIP-405, KIP-963 and KIP-956 metrics); rates are",
         "Prometheus' `rate()` of the counters. Alert and recording rules over these are in",
-        "`deploy/prometheus/`, a Grafana dashboard in `deploy/grafana/`.",
+        "`deploy/rules/`, a Grafana dashboard in `deploy/grafana/`.",
         "",
         "| Metric | Type | Labels | Served by | Kafka | Description |",
         "|---|---|---|---|---|---|",
