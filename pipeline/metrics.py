@@ -39,6 +39,8 @@ class PipelineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # Each family is declared by a direct call, name first: docs/metrics.md is generated
+        # by reading these calls (tierproxy.metrics_docs).
         self.build_info = register_build_info(r)
         self.copy_lag_bytes = Gauge(
             "tierproxy_remote_copy_lag_bytes",

@@ -6,10 +6,8 @@ metrics has a value, and every query of the Grafana dashboard runs."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -17,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import javaproperties
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,11 +22,9 @@ from testbed.ports import free_ports
 from testbed.processes import stop_pids
 from tests.deploy.rules import DEPLOY, metric_samples, rules
 from tests.deploy.test_dashboard import expressions
+from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_codecs
 
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
-ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-       "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell"}
 DEADLINE_S = 240.0
 
 
@@ -73,14 +68,12 @@ async def test_prometheus_evaluates_the_rules_over_a_running_proxy_and_pipeline(
     name = topic(partitions=2)
     await produce_codecs(bootstrap, name, 2, 1_000)
     proxy_port, node_port, proxy_metrics, pipeline_metrics, web = free_ports(5)
-    properties = tmp_path / "tierproxy.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump({
-            "bootstrap.servers": bootstrap, "proxy.bootstrap.port": str(proxy_port),
-            "proxy.broker.port.base": str(node_port), "proxy.workers": "1", "spark.master": "local[1]",
-            "remote.log.storage.local.dir": str(tmp_path / "remote"), "remote.log.metadata.dir": str(tmp_path / "metadata"),
-            f"topic.{name}.remote.storage.enable": "true", f"topic.{name}.segment.bytes": str(16 * 1024),
-        }, f, timestamp=False)
+    properties = write_properties(tmp_path / "tierproxy.properties", {
+        "bootstrap.servers": bootstrap, "proxy.bootstrap.port": str(proxy_port),
+        "proxy.broker.port.base": str(node_port), "proxy.workers": "1", "spark.master": "local[1]",
+        "remote.log.storage.local.dir": str(tmp_path / "remote"), "remote.log.metadata.dir": str(tmp_path / "metadata"),
+        f"topic.{name}.remote.storage.enable": "true", f"topic.{name}.segment.bytes": str(16 * 1024),
+    })
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("serve", "tier", "prometheus")}
     processes: dict[str, subprocess.Popen] = {}
     try:
@@ -89,7 +82,7 @@ async def test_prometheus_evaluates_the_rules_over_a_running_proxy_and_pipeline(
             stdout=logs["serve"], stderr=subprocess.STDOUT)
         processes["tier"] = subprocess.Popen(
             [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"metrics.port={pipeline_metrics}",
-             "--every", "3s"], stdout=logs["tier"], stderr=subprocess.STDOUT, env=ENV)
+             "--every", "3s"], stdout=logs["tier"], stderr=subprocess.STDOUT, env=SPARK_ENV)
         config = _prometheus_config(tmp_path, {"tierproxy-proxy": proxy_metrics, "tierproxy-pipeline": pipeline_metrics})
         processes["prometheus"] = subprocess.Popen(
             [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",

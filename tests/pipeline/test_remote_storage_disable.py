@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import javaproperties
 import pytest
 
 from tierproxy.client.cluster import Cluster
@@ -34,15 +31,13 @@ from tierproxy.pipeline.tier import PassReport, run_pass
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.model import RemoteLogSegmentState, RemotePartitionDeleteState, TopicIdPartition
+from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_codecs
 from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, finished_segments
 from tests.proxy.test_passthrough import ProxyThread, proxy_config
 from tests.proxy.tiered_helpers import consume_confluent_assigned, wait_until
 
 PARTITIONS = 2
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
-ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-       "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell"}
 
 
 def _properties(tmp_path: Path, bootstrap: str, subject: str, other: str, **subject_settings: Any) -> dict[str, str]:
@@ -201,7 +196,6 @@ def _serves_remote(proxy: ProxyThread, name: str, starts: dict[int, int]) -> boo
 
 
 def _tier_command(properties: dict[str, str], path: Path) -> subprocess.CompletedProcess:
-    with open(path, "w", encoding="utf-8") as f:
-        javaproperties.dump(properties, f, timestamp=False)
-    return subprocess.run([str(TIERPROXY), "tier", "--config", str(path), "--json"], env=ENV, capture_output=True,
-                          text=True, timeout=240)
+    write_properties(path, properties)
+    return subprocess.run([str(TIERPROXY), "tier", "--config", str(path), "--json"], env=SPARK_ENV,
+                          capture_output=True, text=True, timeout=240)

@@ -11,13 +11,9 @@ ENOTDIR, as a read-only store fails with EROFS), and an S3 endpoint nobody liste
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
-
-import javaproperties
 
 from testbed.ports import free_port
 from tierproxy.client.cluster import Cluster
@@ -26,11 +22,8 @@ from tierproxy.pipeline.copy import metadata_manager
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.storage.model import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.rsm import partition_key_prefix
+from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_codecs
-
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
-ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-       "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell"}
 PARTITIONS = 2
 
 
@@ -49,10 +42,9 @@ async def _add_orphans(properties: dict[str, str], topic: str) -> list[TopicIdPa
 
 
 def _tier(properties: dict[str, str], path: Path, *extra: str) -> subprocess.CompletedProcess:
-    with open(path, "w", encoding="utf-8") as f:
-        javaproperties.dump(properties, f, timestamp=False)
-    return subprocess.run([str(TIERPROXY), "tier", "--config", str(path), *extra], env=ENV, capture_output=True,
-                          text=True, timeout=240)
+    write_properties(path, properties)
+    return subprocess.run([str(TIERPROXY), "tier", "--config", str(path), *extra], env=SPARK_ENV,
+                          capture_output=True, text=True, timeout=240)
 
 
 def _assert_one_line_failure(done: subprocess.CompletedProcess, topic: str, cause: str) -> None:

@@ -6,15 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tierproxy.cli import LOG_LEVELS, build_parser, configure_logging, log_format
 from tierproxy.config.metrics import tierproxy_version
-
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
+from tests.helpers.commands import TIERPROXY, wait_listening
 
 
 def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -88,7 +85,7 @@ def test_serve_logs_at_the_level_asked_for(tmp_path):
         process = subprocess.Popen([str(TIERPROXY), "serve", "--config", str(properties), "--log-level", level],
                                    stderr=subprocess.PIPE, text=True)
         try:
-            _wait_listening(proxy, process)
+            wait_listening(proxy, process)
         finally:
             process.terminate()
             _, outputs[level] = process.communicate(timeout=60)
@@ -97,17 +94,3 @@ def test_serve_logs_at_the_level_asked_for(tmp_path):
     assert "INFO worker-1 tierproxy: tierproxy serving on" in outputs["INFO"]
     assert outputs["ERROR"].strip() == "", outputs["ERROR"]
 
-
-def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    import socket
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "tierproxy serve exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"tierproxy serve did not listen on {port} within {timeout_s:.0f} s")

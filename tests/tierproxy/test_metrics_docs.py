@@ -4,9 +4,7 @@ proxy serves is in it, and no endpoint serves `_created` series."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,10 +15,10 @@ from testbed.ports import free_ports
 from tierproxy.metrics_docs import REGENERATE, declared_families, generate_metrics_docs
 from tierproxy.pipeline.metrics import PipelineMetrics
 from tierproxy.proxy.metrics import ProxyMetrics
+from tests.helpers.commands import TIERPROXY, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "metrics.md"
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
 
 
 def documented_samples() -> set[str]:
@@ -95,16 +93,10 @@ def test_a_running_proxy_serves_only_documented_families_and_no_created_series(k
             f"remote.log.storage.local.dir={tmp_path / 'remote'}\nremote.log.metadata.dir={tmp_path / 'metadata'}\n")
         process = subprocess.Popen([str(TIERPROXY), "serve", "--config", str(properties)], stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert process.poll() is None and time.monotonic() < deadline, "tierproxy serve did not start"
-                try:
-                    socket.create_connection(("127.0.0.1", proxy), timeout=1).close()
-                    text = _scrape(metrics)
-                    if "tierproxy_build_info" in text:
-                        break
-                except OSError:
-                    pass
+            wait_listening(proxy, process)
+            deadline = time.monotonic() + 30
+            while "tierproxy_build_info" not in (text := _scrape(metrics)):  # workers write theirs when they start
+                assert time.monotonic() < deadline, text
                 time.sleep(0.2)
         finally:
             process.terminate()

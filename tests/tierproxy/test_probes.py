@@ -4,23 +4,11 @@ WARNING line naming it when it cannot be reached, and serves anyway."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import javaproperties
-
 from testbed.ports import free_port, free_ports
-
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
-
-
-def _write(path: Path, values: dict[str, str]) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        javaproperties.dump(values, f, timestamp=False)
-    return path
+from tests.helpers.commands import TIERPROXY, wait_listening, write_properties
 
 
 def _connect(properties: Path) -> tuple[int, dict[str, str], str]:
@@ -37,7 +25,7 @@ def _connect(properties: Path) -> tuple[int, dict[str, str], str]:
 
 
 def test_connect_says_ok_for_a_reachable_cluster_and_store(kafka_cluster, s3_server, tmp_path):
-    local = _write(tmp_path / "local.properties", {
+    local = write_properties(tmp_path / "local.properties", {
         "bootstrap.servers": kafka_cluster.bootstrap_servers,
         "remote.log.storage.local.dir": str(tmp_path / "remote" / "not-yet-created"),
     })
@@ -46,7 +34,7 @@ def test_connect_says_ok_for_a_reachable_cluster_and_store(kafka_cluster, s3_ser
     assert lines["brokers"] == f"brokers {kafka_cluster.bootstrap_servers} (PLAINTEXT): ok"
     assert lines["remote storage"] == f"remote storage {tmp_path / 'remote' / 'not-yet-created'} (local): ok"
 
-    s3 = _write(tmp_path / "s3.properties", {"bootstrap.servers": kafka_cluster.bootstrap_servers,
+    s3 = write_properties(tmp_path / "s3.properties", {"bootstrap.servers": kafka_cluster.bootstrap_servers,
                                              **s3_server.storage_properties("probe")})
     status, lines, _ = _connect(s3)
     assert status == 0
@@ -56,7 +44,7 @@ def test_connect_says_ok_for_a_reachable_cluster_and_store(kafka_cluster, s3_ser
 
 def test_connect_names_what_is_wrong_one_line_each(kafka_cluster, s3_server, tmp_path):
     broker, endpoint = free_ports(2)
-    down = _write(tmp_path / "down.properties", {
+    down = write_properties(tmp_path / "down.properties", {
         "bootstrap.servers": f"127.0.0.1:{broker}",
         **s3_server.storage_properties(endpoint_url=f"http://127.0.0.1:{endpoint}"),
     })
@@ -67,7 +55,7 @@ def test_connect_names_what_is_wrong_one_line_each(kafka_cluster, s3_server, tmp
     assert lines["remote storage"].startswith(f"remote storage s3://{s3_server.bucket}/ at http://127.0.0.1:{endpoint}: ")
     assert "Could not connect to the endpoint URL" in lines["remote storage"]
 
-    no_bucket = _write(tmp_path / "no-bucket.properties", {
+    no_bucket = write_properties(tmp_path / "no-bucket.properties", {
         "bootstrap.servers": kafka_cluster.bootstrap_servers,
         **s3_server.storage_properties(), "remote.log.storage.s3.bucket": "no-such-bucket",
     })
@@ -78,7 +66,7 @@ def test_connect_names_what_is_wrong_one_line_each(kafka_cluster, s3_server, tmp
 
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
-    not_dir = _write(tmp_path / "file.properties", {"bootstrap.servers": kafka_cluster.bootstrap_servers,
+    not_dir = write_properties(tmp_path / "file.properties", {"bootstrap.servers": kafka_cluster.bootstrap_servers,
                                                     "remote.log.storage.local.dir": str(a_file / "remote")})
     status, lines, _ = _connect(not_dir)
     assert status == 1
@@ -88,24 +76,12 @@ def test_connect_names_what_is_wrong_one_line_each(kafka_cluster, s3_server, tmp
 def test_connect_logs_in_as_configured(secure_kafka, tmp_path):
     good = secure_kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
     storage = {"remote.log.storage.local.dir": str(tmp_path / "remote")}
-    status, lines, _ = _connect(_write(tmp_path / "good.properties", {**good, **storage}))
+    status, lines, _ = _connect(write_properties(tmp_path / "good.properties", {**good, **storage}))
     assert status == 0 and lines["brokers"].endswith("(SASL_SSL): ok"), lines
-    wrong = _write(tmp_path / "wrong.properties", {**good, **storage, "sasl.password": "not-the-password"})
+    wrong = write_properties(tmp_path / "wrong.properties", {**good, **storage, "sasl.password": "not-the-password"})
     status, lines, _ = _connect(wrong)
     assert status == 1
     assert "sasl.password" in lines["brokers"] and "not-the-password" not in lines["brokers"], lines["brokers"]
-
-
-def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "tierproxy serve exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"tierproxy serve did not listen on {port} within {timeout_s:.0f} s")
 
 
 def _serve_until_listening(properties: Path, port: int) -> str:
@@ -113,7 +89,7 @@ def _serve_until_listening(properties: Path, port: int) -> str:
     process = subprocess.Popen([str(TIERPROXY), "serve", "--config", str(properties)], stderr=subprocess.PIPE,
                                text=True)
     try:
-        _wait_listening(port, process)
+        wait_listening(port, process)
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=60)
@@ -127,7 +103,7 @@ def test_serve_reports_an_unreachable_store_at_start_and_serves(kafka_cluster, s
               "proxy.broker.port.base": str(node), "metrics.port": "0", "proxy.workers": "1",
               "remote.log.metadata.dir": str(tmp_path / "metadata")}
     endpoint = f"http://127.0.0.1:{free_port()}"
-    outage = _write(tmp_path / "outage.properties", {**common, **s3_server.storage_properties(endpoint_url=endpoint)})
+    outage = write_properties(tmp_path / "outage.properties", {**common, **s3_server.storage_properties(endpoint_url=endpoint)})
     stderr = _serve_until_listening(outage, proxy)
     warnings = [line for line in stderr.splitlines() if " WARNING " in line]
     assert len(warnings) == 1, stderr
@@ -135,6 +111,6 @@ def test_serve_reports_an_unreachable_store_at_start_and_serves(kafka_cluster, s
     assert "Could not connect to the endpoint URL" in warnings[0]
     assert "Traceback" not in stderr
 
-    reachable = _write(tmp_path / "reachable.properties", {**common, **s3_server.storage_properties()})
+    reachable = write_properties(tmp_path / "reachable.properties", {**common, **s3_server.storage_properties()})
     stderr = _serve_until_listening(reachable, proxy)
     assert " WARNING " not in stderr, stderr
