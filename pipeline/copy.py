@@ -275,7 +275,8 @@ def _inject_failure(rsm: RemoteStorageManager, after_objects: int) -> None:
         setattr(rsm, name, put)
 
 
-async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0, quota: RateQuota | None = None) -> CopyResult:
+async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0,
+                   quota: RateQuota | None = None) -> CopyResult:
     """One attempt at one partition: opens its own connections, storage and metadata manager."""
     scratch = Path(tempfile.mkdtemp(prefix=f"tierproxy-copy-{plan.topic}-{plan.partition}-"))
     try:

@@ -124,7 +124,8 @@ async def remove_deleted_partitions(
             try:
                 result.removed.append(await remove_partition(rlmm, rsm, tp))
             except Exception as e:  # one partition's failure must not stop the others
-                result.failures.append((str(tp), log_failure(log, logging.WARNING, f"removal of remote partition {tp}", e)))
+                error = log_failure(log, logging.WARNING, f"removal of remote partition {tp}", e)
+                result.failures.append((str(tp), error))
 
     await asyncio.gather(*(remove_topic(name, tps) for name, tps in candidates.items()))
     result.removed.sort(key=lambda r: (r.topic_id_partition.topic, r.topic_id_partition.partition))

@@ -25,7 +25,8 @@ class RemoteLogStats:
     delete_lag_segments: int = 0
 
     def __add__(self, other: RemoteLogStats) -> RemoteLogStats:
-        return RemoteLogStats(self.topic, self.size_bytes + other.size_bytes, self.metadata_count + other.metadata_count,
+        return RemoteLogStats(self.topic, self.size_bytes + other.size_bytes,
+                              self.metadata_count + other.metadata_count,
                               self.delete_lag_bytes + other.delete_lag_bytes,
                               self.delete_lag_segments + other.delete_lag_segments)
 

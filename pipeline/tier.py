@@ -13,13 +13,14 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
    partition whose cleanup fails (its store fails) copies nothing in this pass.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
-   parallel across executors. With `remote.log.manager.copy.max.bytes.per.second`
-   (KIP-956) each task running at once gets an equal share of the quota and waits before
-   a segment while its share is exceeded (`storage.quota`, Kafka's rate semantics). A task cuts segments of `segment.bytes` (or older than
+   parallel across executors. A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
    segment id, uploads it, and returns the metadata. It never marks anything FINISHED.
    A task that keeps failing up to its last allowed attempt returns its error instead of
-   failing the job, so the other partitions' work is still committed.
+   failing the job, so the other partitions' work is still committed. With
+   `remote.log.manager.copy.max.bytes.per.second` (KIP-956) each task running at once gets
+   an equal share of the quota and waits before a segment while its share is exceeded
+   (`storage.quota`, Kafka's rate semantics).
 4. Commit on the driver (`pipeline.commit`), exactly one winner per range: the segments of
    the one successful attempt `collect()` returns are verified in remote storage and moved
    to COPY_SEGMENT_FINISHED in offset order, each only if it starts at the remote end + 1.
@@ -83,10 +84,10 @@ from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
 from .commit import CommitResult, clean_orphans, commit_partition, refresh
-from .failures import log_failure, one_line
 from .copy import CopyResult, copy_task, metadata_manager
-from .plan import PartitionPlan, plan_pass
+from .failures import log_failure, one_line
 from .metrics import PipelineMetrics
+from .plan import PartitionPlan, plan_pass
 from .remote_log_stats import RemoteLogStats, remote_log_stats
 from .remote_storage_disable import RemoteStorageDisableResult, apply_remote_storage_disable
 
@@ -227,7 +228,8 @@ def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream
     sc = spark.sparkContext
     group = f"tierproxy-tier-{uuid.uuid4().hex[:8]}"
     progress = CopyProgress(spark, group, len(plans), stream=stream)
-    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator, copy_quota_share(config, spark, len(plans)))
+    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator,
+                 copy_quota_share(config, spark, len(plans)))
     outcome: dict[str, Any] = {}
 
     def job() -> None:
@@ -277,7 +279,8 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
             except (RemoteStorageError, RemoteLogMetadataError) as e:
                 # The orphans stay (never served) for the next pass; this partition copies
                 # nothing now, as its store just failed.
-                summary.error = f"orphan cleanup failed: {log_failure(log, logging.ERROR, f'{summary.name}: orphan cleanup', e)}"
+                error = log_failure(log, logging.ERROR, f"{summary.name}: orphan cleanup", e)
+                summary.error = f"orphan cleanup failed: {error}"
                 summary.cleanup_failed, summary.copy_lag = True, None
 
         to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
@@ -432,7 +435,8 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
                 failures += 1
                 if metrics is not None:
                     metrics.pass_failed(time.monotonic() - started)
-                # Expected failures (busy, a lock file that cannot be made) are one line; anything else gets its traceback.
+                # Expected failures (busy, a lock file that cannot be made) are one line;
+                # anything else gets its traceback.
                 log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:
                 break

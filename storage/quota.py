@@ -46,7 +46,8 @@ class SampledRate:
 
     def __init__(self, samples: int, window_s: float) -> None:
         if samples < 1 or window_s <= 0:
-            raise ValueError(f"a sampled rate needs at least one sample of a positive window, got {samples} x {window_s}")
+            raise ValueError(f"a sampled rate needs at least one sample of a positive window, got {samples} x "
+                             f"{window_s}")
         self.samples = samples
         self.window_s = window_s
         self._starts: list[float] = []  # when each sample began

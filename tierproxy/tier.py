@@ -1,9 +1,10 @@
 """`tierproxy tier`: one tiering pass, or `--every INTERVAL` until SIGINT/SIGTERM.
 
 With `--every`, the pipeline's metrics are served on `metrics.port` (on
-`proxy.listener.host`; 0 turns them off). The summary of each pass goes to stdout (a table, or one JSON document per line with
-`--json`); progress and log lines to stderr. A failure of the cluster, the object store or
-the metadata is one line in the summary and the log, never a traceback.
+`proxy.listener.host`; 0 turns them off). The summary of each pass goes to stdout (a
+table, or one JSON document per line with `--json`); progress and log lines to stderr.
+A failure of the cluster, the object store or the metadata is one line in the summary
+and the log, never a traceback.
 
 Exit status: 0 when the (last) pass succeeded, 1 when it failed or reported errors,
 2 for a configuration error.
