@@ -88,7 +88,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-test")
-    assert "2 partitions," in done.stderr  # the summary line
+    assert "2 partitions," in done.stdout  # the summary line
     # It ran on the standalone cluster: its master lists the application as completed.
     with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
         state = json.load(response)
