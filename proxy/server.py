@@ -1,10 +1,13 @@
 """The proxy's listeners: one bootstrap port, and one port per broker node.
 
 Clients bootstrap on ``proxy.bootstrap.port``; the addresses in the responses they
-get name node N as ``proxy.advertised.host:(proxy.broker.port.base + N)``. The
-proxy learns the nodes from Metadata (its own query at start-up, then every
-response that names brokers) and opens a node's listener before any client is told
-about it. Each accepted client gets its own ClientConnection and broker connection.
+get name node N by the host and port the configuration gives it (`config.broker_ports`:
+a port map, a node-id range, or ``proxy.broker.port.base`` + N; a host pattern or one
+advertised host). The proxy learns the nodes from Metadata (its own query at start-up,
+then every response that names brokers) and opens a node's listener before any client
+is told about it. A node the configuration gives no port is never named to clients
+(logged once as an error). Each accepted client gets its own ClientConnection and
+broker connection.
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ from tierproxy.config import (
     CONNECTIONS_MAX_IDLE_MS,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
-    PROXY_ADVERTISED_HOST,
     PROXY_BOOTSTRAP_PORT,
-    PROXY_BROKER_PORT_BASE,
     PROXY_LISTENER_HOST,
     REQUEST_RECEIVE_TIMEOUT_MS,
 )
 from tierproxy.config.addresses import parse_host_port
+from tierproxy.config.broker_ports import NodePorts, advertised_host
 from tierproxy.protocol.errors import ProtocolError
 from tierproxy.protocol.requests import metadata_request
 
@@ -65,8 +67,8 @@ class ProxyServer:
         self._security = security(config)
         self._broker_ssl = self._security.ssl_context
         self._host: str = config[PROXY_LISTENER_HOST]
-        self._advertised_host: str = config[PROXY_ADVERTISED_HOST] or self._host
-        self._port_base: int = config[PROXY_BROKER_PORT_BASE]
+        self._node_ports = NodePorts.of(config)
+        self._without_port: set[int] = set()  # nodes already logged as having no port
         self._connect_timeout = config[BROKER_CONNECTION_SETUP_TIMEOUT_MS] / 1000
         self._bootstrap = [parse_host_port(a) for a in config[BOOTSTRAP_SERVERS]]
         self._next_bootstrap = 0
@@ -122,7 +124,7 @@ class ProxyServer:
     @property
     def bootstrap_address(self) -> tuple[str, int]:
         """(host, port) clients bootstrap on."""
-        return self._advertised_host, self._bound_port(None)
+        return advertised_host(self.config, None), self._bound_port(None)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -136,23 +138,28 @@ class ProxyServer:
 
     @property
     def node_listeners(self) -> dict[int, tuple[str, int]]:
-        """Broker node id -> the proxy's (host, port) listening for it."""
-        return {node_id: (self._advertised_host, self._bound_port(node_id))
+        """Broker node id -> the (host, port) advertised for it, for every open node listener."""
+        return {node_id: (advertised_host(self.config, node_id), self._bound_port(node_id))
                 for node_id in self._servers if node_id is not None}
 
-    def advertised(self, node_id: int) -> tuple[str, int]:
-        port = self._port_base + node_id
-        if node_id < 0 or port > 65535:
-            raise ValueError(f"broker node {node_id} has no proxy port: proxy.broker.port.base={self._port_base} "
-                             f"+ {node_id} is not a TCP port")
-        return self._advertised_host, port
+    def advertised(self, node_id: int) -> tuple[str, int] | None:
+        """The (host, port) clients are told for a broker node; None when it has no port."""
+        port = self._node_ports.port(node_id)
+        return None if port is None else (advertised_host(self.config, node_id), port)
 
-    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        advertised = self.advertised(node_id)
+    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
         if self._brokers.get(node_id) != (host, port):
             if node_id in self._brokers:
                 log.info("broker node %d moved from %s:%d to %s:%d", node_id, *self._brokers[node_id], host, port)
             self._brokers[node_id] = (host, port)
+        advertised = self.advertised(node_id)
+        if advertised is None:
+            if node_id not in self._without_port:
+                self._without_port.add(node_id)
+                log.error("broker node %d (%s:%d) has no proxy port in %s: clients are not told about it, so "
+                          "partitions it leads have no leader for them and groups it coordinates none; give it "
+                          "a port and restart the proxy", node_id, host, port, self._node_ports.describe())
+            return None
         if node_id not in self._servers:
             async with self._listen_lock:
                 if node_id not in self._servers and self._started:
