@@ -425,7 +425,8 @@ MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION = _define("max.in.flight.requests.per.conn
         "Requests read from one client and not answered yet; at the limit the proxy stops reading "
         "that client until a response went out.", "connection limits", validator=Range(1))
 SASL_SERVER_MAX_RECEIVE_SIZE = _define("sasl.server.max.receive.size", int, 524_288,
-        "Largest frame before SASL authentication completed (with security.protocol SASL_*).",
+        "Largest frame before SASL authentication completed, whenever the brokers' listener may want SASL "
+        "(security.protocol SASL_*, or learned from the brokers).",
         "connection limits", validator=Range(1))
 CONNECTIONS_MAX_IDLE_MS = _define("connections.max.idle.ms", int, 600_000,
         "A client connection with nothing received, sent or owed for this long is closed.",

@@ -37,6 +37,7 @@ from tierproxy.config.broker_ports import NodePorts, advertised_host
 from tierproxy.protocol.errors import ProtocolError
 from tierproxy.protocol.requests import metadata_request
 
+from .authentication import UpstreamListener
 from .client_connection import ClientConnection
 from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
@@ -66,6 +67,9 @@ class ProxyServer:
         # connection gets only the TLS part, and the client brings its own SASL.
         self._security = security(config)
         self._broker_ssl = self._security.ssl_context
+        # Whether the brokers' listener wants SASL, as far as the proxy knows (its own
+        # broker query, without a login unless security.protocol has one, tells first).
+        self.upstream = UpstreamListener(config, probe=self._ask_brokers)
         self._host: str = config[PROXY_LISTENER_HOST]
         self._node_ports = NodePorts.of(config)
         self._without_port: set[int] = set()  # nodes already logged as having no port
@@ -108,6 +112,7 @@ class ProxyServer:
             connection.close("the proxy is shutting down", flush=True)
         for server in servers:
             await server.wait_closed()
+        await self.upstream.close()
         if self._started:
             self._started = False
             await self.services.filters.close()
@@ -244,14 +249,28 @@ class ProxyServer:
         restart can reconnect. Asked with tierproxy's own credentials (security.protocol,
         sasl.*); best effort: without them a SASL broker refuses, and then the nodes are
         learned from the clients' own Metadata."""
+        response = await self._ask_brokers()
+        for broker in response.brokers if response is not None else ():
+            await self.learn(broker.node_id, broker.host, broker.port)
+
+    async def _ask_brokers(self) -> Any:
+        """Metadata (no topics) from the first bootstrap broker that answers; None if none
+        does. Without a login of its own (security.protocol) the proxy learns from it
+        whether the listener wants SASL: a broker that answered ApiVersions, then closed the
+        connection on Metadata, does."""
         for host, port in self._bootstrap:
             try:
                 async with await KafkaConnection.open(host, port, security=self._security, client_id="tierproxy",
                                                       timeout=self._connect_timeout) as connection:
-                    response = await connection.request(metadata_request(()), timeout=self._connect_timeout)
+                    try:
+                        response = await connection.request(metadata_request(()), timeout=self._connect_timeout)
+                    except KafkaConnectionError:
+                        self.upstream.learned(needs_sasl=True, how=f"{host}:{port} refused Metadata without a login")
+                        raise
             except (OSError, asyncio.TimeoutError, ProtocolError, KafkaConnectionError) as e:
                 log.info("no broker list from %s:%d (%s); learning nodes from client traffic", host, port, e)
                 continue
-            for broker in response.brokers:
-                await self.learn(broker.node_id, broker.host, broker.port)
-            return
+            if not self._security.sasl:
+                self.upstream.learned(needs_sasl=False, how=f"{host}:{port} answered Metadata without a login")
+            return response
+        return None
