@@ -30,6 +30,7 @@ from tierproxy.config import (
     MAX_CONNECTIONS_PER_IP,
     PROXY_BOOTSTRAP_PORT,
     PROXY_LISTENER_HOST,
+    PROXY_SSL_CERTIFICATE_LOCATION,
     REQUEST_RECEIVE_TIMEOUT_MS,
 )
 from tierproxy.config.addresses import parse_host_port
@@ -41,7 +42,7 @@ from .authentication import UpstreamListener
 from .client_connection import ClientConnection
 from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
-from .tls import listener_ssl_context
+from .tls import CertificateNames, listener_ssl_context
 
 __all__ = ("ProxyServer",)
 
@@ -63,6 +64,8 @@ class ProxyServer:
             filters=filters if filters is not None else FilterChains(),
         )
         self._listener_ssl = listener_ssl_context(config)
+        self._certificate_names = CertificateNames.of(config)
+        self._names_checked: set[str] = set()
         # The proxy's own connections authenticate as tierproxy; a client's upstream
         # connection gets only the TLS part, and the client brings its own SASL.
         self._security = security(config)
@@ -97,6 +100,7 @@ class ProxyServer:
         self._started = True
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._servers[None] = await self._listen(None, self.config[PROXY_BOOTSTRAP_PORT])
+        self._check_certificate_names(self.bootstrap_address[0], "the bootstrap listener")
         if discover:
             await self._discover()
 
@@ -169,6 +173,7 @@ class ProxyServer:
             async with self._listen_lock:
                 if node_id not in self._servers and self._started:
                     self._servers[node_id] = await self._listen(node_id, advertised[1])
+                    self._check_certificate_names(advertised[0], f"broker node {node_id}")
         return advertised
 
     def upstream_addresses(self, node_id: int | None) -> list[tuple[str, int]]:
@@ -226,6 +231,18 @@ class ProxyServer:
             now = time.monotonic()
             for connection in list(self._connections):
                 connection.check_timeouts(now, self._idle_s, self._receive_s)
+
+    def _check_certificate_names(self, host: str, listener: str) -> None:
+        """Warn once per host about a name the listeners' certificate does not cover:
+        clients that check host names (the default) would refuse the connection."""
+        names = self._certificate_names
+        if names is None or host in self._names_checked:
+            return
+        self._names_checked.add(host)
+        if not names.covers(host):
+            log.warning("proxy.ssl.certificate.location=%s does not name %s, the host clients are told for %s "
+                        "(its names: %s): clients that check host names will refuse it",
+                        self.config[PROXY_SSL_CERTIFICATE_LOCATION], host, listener, names)
 
     def _bound_port(self, node_id: int | None) -> int:
         return self._servers[node_id].sockets[0].getsockname()[1]

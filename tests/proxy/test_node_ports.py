@@ -210,3 +210,57 @@ async def test_a_group_coordinated_by_a_node_without_a_port_gets_coordinator_not
     assert (coordinator.error_code, coordinator.node_id, coordinator.host, coordinator.port) == (
         ErrorCode.coordinator_not_available, -1, "", -1)
     assert "broker node 2 has no tierproxy listener" in coordinator.error_message
+
+
+# --- TLS names -------------------------------------------------------------------------------
+
+
+def _certificate(tmp_path, dns: list[str], ips: list[str]) -> str:  # type: ignore[no-untyped-def]
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tierproxy-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    alternatives = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+                   .sign(key, hashes.SHA256()))
+    path = tmp_path / "proxy.pem"
+    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return str(path)
+
+
+def test_certificate_names_cover_hosts_as_clients_check_them(tmp_path):
+    from tierproxy.config import parse
+    from tierproxy.proxy.tls import CertificateNames
+
+    path = _certificate(tmp_path, ["kafka.example.com", "*.kafka.example.com"], ["127.0.0.1"])
+    names = CertificateNames.of(parse({"bootstrap.servers": "b:9092", "proxy.ssl.certificate.location": path}))
+    assert names is not None
+    assert names.covers("kafka.example.com") and names.covers("Broker-1001.Kafka.Example.COM")
+    assert names.covers("127.0.0.1")
+    assert not names.covers("a.broker-1001.kafka.example.com")  # a wildcard is one label
+    assert not names.covers("example.com") and not names.covers("127.0.0.2") and not names.covers("localhost")
+    assert CertificateNames.of(parse({"bootstrap.servers": "b:9092"})) is None
+
+
+def test_a_broker_name_the_certificate_does_not_cover_is_warned_about_once(kafka_cluster, tmp_path, caplog):
+    path = _certificate(tmp_path, ["localhost", "*.kafka.example.com"], ["127.0.0.1"])
+    config = proxy_config(kafka_cluster.bootstrap_servers, 1, **{
+        "proxy.ssl.certificate.location": path,
+        "proxy.advertised.host.pattern": "broker-$(nodeId).kafka.example.org"})
+    with caplog.at_level(logging.WARNING, logger="tierproxy.proxy.server"):
+        ProxyThread(config).start().stop()
+    warnings = [r.getMessage() for r in caplog.records if "does not name" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # the bootstrap's 127.0.0.1 is named; broker 0's host is not
+    assert "does not name broker-0.kafka.example.org, the host clients are told for broker node 0" in warnings[0]
+    assert "DNS:*.kafka.example.com" in warnings[0]
