@@ -55,8 +55,8 @@ from tierproxy.protocol.headers import RequestHeader, parse_response_header, res
 
 from .metrics import api_name
 
-__all__ = ("AuthenticationGate", "LearningGate", "OpenGate", "ResponseObserver", "SaslGate",
-           "UnauthenticatedRequest", "UpstreamListener")
+__all__ = ("AuthenticationGate", "LearningGate", "ResponseObserver", "SaslGate", "UnauthenticatedRequest",
+           "UpstreamListener")
 
 log = logging.getLogger(__name__)
 
@@ -76,29 +76,6 @@ class UnauthenticatedRequest(Exception):
 # The bound a frame is held to, named in the log line of a connection closed for it.
 PRE_AUTHENTICATION_BOUND = f"before authentication, {SASL_SERVER_MAX_RECEIVE_SIZE.name}"
 REQUEST_BOUND = SOCKET_REQUEST_MAX_BYTES.name
-
-
-class OpenGate:
-    """A connection known not to need SASL: every request passes, in frames up to
-    ``socket.request.max.bytes``."""
-
-    __slots__ = ("max_frame_bytes",)
-
-    authenticated = True
-    learning = False
-    bound = REQUEST_BOUND
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-
-    def check_request(self, header: RequestHeader, body: memoryview) -> ResponseObserver | None:
-        return None
-
-    def answered(self, api_key: int) -> bool:
-        return False
-
-    def broker_closed(self) -> None:
-        pass
 
 
 class SaslGate:
@@ -228,7 +205,7 @@ class LearningGate:
             self._listener.refused()
 
 
-AuthenticationGate = OpenGate | SaslGate | LearningGate
+AuthenticationGate = SaslGate | LearningGate
 
 # A new look at the listener is not taken more often than this.
 PROBE_INTERVAL_S = 5.0

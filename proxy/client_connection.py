@@ -186,8 +186,8 @@ class ClientConnection(asyncio.Protocol):
         self._metrics = services.metrics
         self._max_pending_response_bytes: int = config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION]
         self._max_in_flight: int = config[MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION]
-        # Until the broker connection exists (nothing is read before), the gate the listener
-        # as known now gives; the one the connection keeps is made then.
+        # The gate of the listener as known now; the one the connection keeps is made once
+        # the proxy asked (if it must) and the broker connection exists (_connect_upstream).
         self._gate = server.upstream.gate()
         self._decoder = FrameDecoder(self._gate.max_frame_bytes)
         self._client: asyncio.Transport | None = None
