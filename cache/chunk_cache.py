@@ -22,6 +22,11 @@ skipped when there is no room; at most `max_prefetch_per_segment` run at once pe
 segment. So `stored + reserved <= max_bytes` always holds, whatever the number of
 readers. Memory beyond the bound is what readers hold: one chunk per demand load
 in flight and the slices of the responses being written.
+
+A chunk whose load meets a corrupt block (the store checks each block as it streams
+it) is neither cached nor returned: `get` raises CorruptChunk, which carries the
+checked bytes of the chunk in front of that block, so that a reader can still serve
+the whole batches they hold.
 """
 
 from __future__ import annotations
@@ -38,6 +43,17 @@ from . import NO_METRICS, CacheMetrics
 from .single_flight import SingleFlight
 
 ChunkKey = tuple[uuid.UUID, int]
+
+
+class CorruptChunk(CorruptRemoteSegment):
+    """A chunk's load stopped at a corrupt block. `intact` is the chunk's bytes before that
+    block, all checked (possibly empty); `error` is the store's own error about the block."""
+
+    def __init__(self, index: int, intact: bytes, error: CorruptRemoteSegment) -> None:
+        super().__init__(f"chunk {index}: {error}")
+        self.index = index
+        self.intact = intact
+        self.error = error
 
 
 class ChunkCache:
@@ -185,14 +201,18 @@ class ChunkCache:
     async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> bytes:
         start = index * self.chunk_size
         expected = self.chunk_length(segment, index)
+        parts: list[bytes | memoryview] = []
         try:
-            parts = []
             stream = self.rsm.fetch_log_segment(segment, start, start + expected - 1)
             async with contextlib.aclosing(stream):
                 async for part in stream:
                     parts.append(part)
             # One part is the store's own buffer (a whole chunk read at once): no copy.
             data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        except CorruptRemoteSegment as e:
+            # What the store passed on before the corrupt block was checked: the caller may
+            # use it, the cache keeps nothing of this chunk.
+            raise CorruptChunk(index, b"".join(parts), e) from e
         finally:
             self._reserved_bytes -= reserved
         if len(data) != expected:

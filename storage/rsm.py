@@ -453,7 +453,8 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
     compared with its CRC-32C in the manifest before any of it is passed on.
 
     Whole blocks inside a chunk are checked and passed on as views of it; only a block
-    split between two chunks is copied together.
+    split between two chunks is copied together. Every block before a corrupt one is
+    passed on before the error is raised, so a reader keeps the intact bytes in front of it.
     """
     block_bytes = entry.block_bytes
     end = min(entry.size, (last // block_bytes + 1) * block_bytes)  # where the read stops
@@ -472,10 +473,16 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
         if not pending and start <= position and position + len(view) <= last + 1 \
                 and (len(view) % block_bytes == 0 or position + len(view) == end):
             # The chunk is whole blocks, all wanted: checked, and passed on as it came.
-            while view:
-                checked(view[:block_bytes])
-                position += len(view[:block_bytes])
-                view = view[block_bytes:]
+            whole = view
+            try:
+                while view:
+                    checked(view[:block_bytes])
+                    position += len(view[:block_bytes])
+                    view = view[block_bytes:]
+            except CorruptRemoteSegment:
+                if len(view) < len(whole):  # the blocks checked before the corrupt one
+                    yield whole[:len(whole) - len(view)]
+                raise
             yield chunk
             continue
         if pending:  # complete the block the previous chunk began

@@ -297,6 +297,27 @@ def _first_differences(got: dict[int, list], wanted: dict[int, list]) -> str:
     return "; ".join(out)
 
 
+def test_every_worker_listens_on_the_port_a_node_id_range_gives(kafka_cluster, tiered, tmp_path):
+    """proxy.broker.node.id.range and proxy.broker.port.start: both workers open node 0's
+    listener on the same port, and a replay through it reads every record once."""
+    data, root = tiered
+    start = free_port_block(1)
+    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers, **{
+        "proxy.broker.node.id.range": "0-9", "proxy.broker.port.start": start})
+    try:
+        served.wait_for(SERVING, 2)
+        served.wait_for(rf"listening for broker node 0 on {LOOPBACK}:{start}\b", 2)
+        expected = expected_by_partition(data)
+        consumed = consume_confluent_assigned({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}"}, data.topic,
+                                              range(PARTITIONS), sum(len(v) for v in expected.values()))
+        assert in_partition_order(consumed) == expected
+        exposition = scrape(metrics_port)
+        assert re.search(r'^tierproxy_connections_total\{listener="node-0"\} [1-9]', exposition, re.M), exposition
+    finally:
+        status = served.stop()
+    assert status == 0, served.output
+
+
 def test_workers_exit_with_their_supervisor(kafka_cluster, tiered, tmp_path):
     data, root = tiered
     served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
