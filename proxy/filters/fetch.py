@@ -76,7 +76,6 @@ from .fetch_wire import (
     TOPIC_ID_VERSION,
     RemotePartition,
     ScannedResponse,
-    compact_records,
     encode_fetch_response,
     request_session,
     scan_fetch_response,
@@ -449,7 +448,7 @@ class FetchFilter(Filter):
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
                 elif result.records_size and (result.records_size <= budget or entry.min_one_batch):
-                    records, size = compact_records(result.records), result.records_size
+                    records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:
                         aborted = await self._aborted(entry, result, queries)
