@@ -57,6 +57,7 @@ from .authentication import ResponseObserver, UnauthenticatedRequest, UpstreamLi
 from .filters import ClientRequest, ConnectionContext, Filter, InvalidRequest, ProxyServices, Response, run_chain
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
+from .pinned import socket_room, unpinned
 from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
 
 if TYPE_CHECKING:
@@ -191,6 +192,7 @@ class ClientConnection(asyncio.Protocol):
         self._gate = server.upstream.gate()
         self._decoder = FrameDecoder(self._gate.max_frame_bytes)
         self._client: asyncio.Transport | None = None
+        self._socket: socket.socket | None = None  # the client's, to ask its send buffer for room
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
         self._in_flight: collections.deque[_InFlight] = collections.deque()
@@ -212,6 +214,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._client = transport  # type: ignore[assignment]
+        self._socket = transport.get_extra_info("socket")
         _tune(transport, self._max_pending_response_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -482,12 +485,11 @@ class ClientConnection(asyncio.Protocol):
             return
         self._last_activity = time.monotonic()
         self._metrics.client_bytes_out.inc(sum(len(part) for part in parts))  # type: ignore[arg-type]
-        if len(parts) > 2 and client.get_write_buffer_size():
-            # Queued behind unsent bytes, slices would keep whole remote chunks and
-            # broker responses alive until sent: queue a copy instead.
-            client.write(b"".join(parts))  # type: ignore[arg-type]
-        else:
-            client.writelines(parts)
+        if len(parts) > 2 and (client.get_write_buffer_size()
+                               or socket_room(self._socket) < sum(len(part) for part in parts)):
+            # Queued unsent, slices would keep whole remote chunks alive until sent.
+            parts = unpinned(parts)
+        client.writelines(parts)
         if self._waiting and len(self._orderer) < self._max_in_flight:
             asyncio.get_running_loop().call_soon(self._dispatch_waiting)
 

@@ -32,8 +32,8 @@ A remote fetch of (partition, fetch offset, max bytes):
    segments (`transactions`).
 
 Records come back as memoryview slices of cached chunks (a batch cut by a chunk
-boundary is the one copy, `protocol.records.log_batches_async`), to be written with
-`writelines`.
+boundary as the slices of both, `protocol.records.log_batches_async`), to be written
+with `writelines`: nothing is copied.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from cachetools import LRUCache
 from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
 from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.records import HEADER_SIZE, Batch, crc_valid, log_batches_async
+from tierproxy.protocol.records import HEADER_SIZE, Batch, log_batches_async
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
@@ -235,7 +235,7 @@ class RemoteLogReader:
                     found = True
                     if size + header.size > max_bytes and not (min_one_batch and not records):
                         break
-                    records.append(batch.view)
+                    records.extend(batch.parts)
                     size += header.size
                     position = batch.position + header.size
                     last_offset = header.last_offset
@@ -387,7 +387,7 @@ class RemoteLogReader:
                     return  # past a truncated segment's end: never served
                 if header.last_offset < from_offset:
                     continue
-                if not blocks_checked and not crc_valid(batch.buffer, header):
+                if not blocks_checked and not batch.crc_valid():
                     raise CorruptRemoteSegment(
                         f"segment {segment.segment_id.id} of {segment.topic_id_partition}: batch at offset "
                         f"{header.base_offset} fails its CRC-32C check")

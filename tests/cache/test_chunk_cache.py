@@ -204,3 +204,38 @@ async def test_invalidate_drops_a_segments_chunks(tmp_path: Path) -> None:
         assert len(cache) == 2 and cache.total_bytes == 2 * CHUNK
         assert (two.segment_id.id, 1) in cache
         await cache.close()
+
+
+async def test_evicted_chunks_buffers_are_reused_only_once_no_reader_views_them(tmp_path: Path) -> None:
+    """A chunk is read into the buffer of an evicted one (no fresh memory per load), but
+    never into one whose bytes a reader still holds: those bytes stay what they were."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+        segment = partition.segments[0]
+        log = partition.log_of(0)
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+        held = (await cache.get(segment, 0))[:100]  # a reader's slice, as a response keeps one
+        for index in range(1, cache.chunk_count(segment)):
+            chunk = await cache.get(segment, index)
+            assert bytes(chunk) == log[index * CHUNK:(index + 1) * CHUNK]
+        assert bytes(held) == log[:100]  # its buffer was never read into again
+        assert cache._buffers.reused > 0
+        await cache.close()
+
+
+def test_a_buffer_is_handed_out_again_only_without_views() -> None:
+    from tierproxy.cache.chunk_buffers import ChunkBuffers
+
+    buffers = ChunkBuffers(16, keep=2)
+    first = buffers.take()
+    first_id = id(first)
+    view = memoryview(first)[2:4]  # what a response waiting to be written holds
+    buffers.retire(first)
+    del first
+    second = buffers.take()
+    assert id(second) != first_id  # a view of the first is alive: a new buffer
+    buffers.retire(second)
+    del second
+    del view
+    assert id(buffers.take()) == first_id
+    assert buffers.reused == 1

@@ -500,15 +500,16 @@ async def test_batch_crcs_are_checked_only_where_the_store_checks_no_blocks(tmp_
     """The store checks every block of a chunk as it loads; a read then checks no batch CRC
     (cache hits included). A segment whose manifest has no block checksums has each batch's
     CRC-32C checked as it is read, hit or miss."""
-    from tierproxy.remote_log import reader as reader_module
+    from tierproxy.protocol.records import Batch
 
     checked = []
+    batch_crc_valid = Batch.crc_valid
 
-    def counting_crc_valid(buffer, header):
-        checked.append(header.base_offset)
-        return crc_valid(buffer, header)
+    def counting_crc_valid(batch):
+        checked.append(batch.header.base_offset)
+        return batch_crc_valid(batch)
 
-    monkeypatch.setattr(reader_module, "crc_valid", counting_crc_valid)
+    monkeypatch.setattr(Batch, "crc_valid", counting_crc_valid)
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
         reader = make_reader(rsm, rlmm)
