@@ -29,9 +29,9 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from tierproxy.protocol.apis import ErrorCode
-from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.headers import read_unsigned_varint, skip_tagged_fields
+from .apis import ErrorCode
+from .errors import DecodeError
+from .headers import read_unsigned_varint, skip_tagged_fields
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
