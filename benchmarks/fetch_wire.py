@@ -167,8 +167,8 @@ def main() -> int:
             pure_us = per_call_us(pure, args.rounds, args.round_seconds)
             compiled_us = per_call_us(compiled, args.rounds, args.round_seconds)
             best_ratio = min(pure_us) / min(compiled_us)
-            print(f"| {version} | {len(body):,} | {len(payload):,} | {name} | {_stats(pure_us)} | {_stats(compiled_us)} "
-                  f"| {best_ratio:.1f}x |", flush=True)
+            print(f"| {version} | {len(body):,} | {len(payload):,} | {name} | {_stats(pure_us)} "
+                  f"| {_stats(compiled_us)} | {best_ratio:.1f}x |", flush=True)
     return 0
 
 

@@ -101,24 +101,52 @@ skip_tagged_fields(const Walk *w, int64_t *pos)
     return 0;
 }
 
-/* Both functions take (buffer, version), positionally. */
+/* fetch_wire._read_length: an array's element count, or a string's or bytes' length (-1 for
+ * null): an unsigned varint less one in flexible versions, else a legacy int16 or int32. */
 static int
-walk_arguments(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buffer *buffer, int *version)
+read_length(const Walk *w, int64_t *pos, int flexible, int legacy_size, const char *what, int64_t *length)
+{
+    if (flexible) {
+        if (uvarint(w, pos, length) < 0) {
+            return -1;
+        }
+        *length -= 1;
+        return 0;
+    }
+    if (need(w, *pos, legacy_size, what) < 0) {
+        return -1;
+    }
+    *length = legacy_size == 2 ? be16(w->data + *pos) : be32(w->data + *pos);
+    *pos += legacy_size;
+    return 0;
+}
+
+typedef PyObject *(*WalkFunction)(const Walk *);
+
+/* `walk` over the buffer of (buffer, version), passed positionally. */
+static PyObject *
+walk_buffer(PyObject *const *args, Py_ssize_t nargs, const char *name, int request, WalkFunction walk)
 {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "%s() takes 2 positional arguments (buffer, version), %zd given", name, nargs);
-        return -1;
+        return NULL;
     }
-    long value = PyLong_AsLong(args[1]);
-    if (value == -1 && PyErr_Occurred()) {
-        return -1;
+    long version = PyLong_AsLong(args[1]);
+    if (version == -1 && PyErr_Occurred()) {
+        return NULL;
     }
-    if (value < INT16_MIN || value > INT16_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s(): version %ld is not an int16", name, value);
-        return -1;
+    if (version < INT16_MIN || version > INT16_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s(): version %ld is not an int16", name, version);
+        return NULL;
     }
-    *version = (int)value;
-    return PyObject_GetBuffer(args[0], buffer, PyBUF_SIMPLE);
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(args[0], &buffer, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Walk w = {buffer.buf, buffer.len, (int)version, request};
+    PyObject *result = walk(&w);
+    PyBuffer_Release(&buffer);
+    return result;
 }
 
 /* ------------------------------------------------------------------------------ request */
@@ -127,17 +155,8 @@ walk_arguments(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buf
 static int
 request_array(const Walk *w, int64_t *pos, int flexible, const char *what, int64_t *count)
 {
-    if (flexible) {
-        if (uvarint(w, pos, count) < 0) {
-            return -1;
-        }
-        *count -= 1;
-    } else {
-        if (need(w, *pos, 4, what) < 0) {
-            return -1;
-        }
-        *count = be32(w->data + *pos);
-        *pos += 4;
+    if (read_length(w, pos, flexible, 4, what, count) < 0) {
+        return -1;
     }
     /* every element takes a byte at least */
     if (*count < 0 || *count > w->end - *pos) {
@@ -153,17 +172,8 @@ static int
 skip_string(const Walk *w, int64_t *pos, int flexible, const char *what, int nullable)
 {
     int64_t length;
-    if (flexible) {
-        if (uvarint(w, pos, &length) < 0) {
-            return -1;
-        }
-        length -= 1;
-    } else {
-        if (need(w, *pos, 2, what) < 0) {
-            return -1;
-        }
-        length = be16(w->data + *pos);
-        *pos += 2;
+    if (read_length(w, pos, flexible, 2, what, &length) < 0) {
+        return -1;
     }
     if (nullable && length == -1) {
         return 0;
@@ -270,40 +280,11 @@ PyDoc_STRVAR(request_session_doc,
 static PyObject *
 request_session(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer buffer;
-    Walk w = {0};
     (void)module;
-    if (walk_arguments(args, nargs, "request_session", &buffer, &w.version) < 0) {
-        return NULL;
-    }
-    w.data = buffer.buf;
-    w.end = buffer.len;
-    w.request = 1;
-    PyObject *session = walk_request(&w);
-    PyBuffer_Release(&buffer);
-    return session;
+    return walk_buffer(args, nargs, "request_session", 1, walk_request);
 }
 
 /* ----------------------------------------------------------------------------- response */
-
-/* fetch_wire._array_length: an element count, -1 for null. */
-static int
-response_array(const Walk *w, int64_t *pos, int flexible, int64_t *count)
-{
-    if (flexible) {
-        if (uvarint(w, pos, count) < 0) {
-            return -1;
-        }
-        *count -= 1;
-        return 0;
-    }
-    if (need(w, *pos, 4, "array length") < 0) {
-        return -1;
-    }
-    *count = be32(w->data + *pos);
-    *pos += 4;
-    return 0;
-}
 
 /* A topic name is UTF-8, as str() of it in the pure walk needs. Kafka's names are ASCII:
  * only a name with another byte is decoded to check it. */
@@ -340,17 +321,8 @@ skip_topic_key(const Walk *w, int64_t *pos, int flexible)
         *pos += 16;
         return 0;
     }
-    if (flexible) {
-        if (uvarint(w, pos, &length) < 0) {
-            return -1;
-        }
-        length -= 1;
-    } else {
-        if (need(w, *pos, 2, "topic name length") < 0) {
-            return -1;
-        }
-        length = be16(w->data + *pos);
-        *pos += 2;
+    if (read_length(w, pos, flexible, 2, "topic name length", &length) < 0) {
+        return -1;
     }
     if (length < 0) {
         length = 0;
@@ -389,11 +361,12 @@ walk_response(const Walk *w)
     }
     /* partition_index, error_code, high_watermark, last_stable_offset, log_start_offset (v5+) */
     const int64_t fixed = version >= 5 ? 30 : 22;
-    if (response_array(w, &pos, flexible, &topics) < 0) {
+    if (read_length(w, &pos, flexible, 4, "array length", &topics) < 0) {
         return NULL;
     }
     for (int64_t t = 0; t < topics; t++) {
-        if (skip_topic_key(w, &pos, flexible) < 0 || response_array(w, &pos, flexible, &partitions) < 0) {
+        if (skip_topic_key(w, &pos, flexible) < 0
+            || read_length(w, &pos, flexible, 4, "array length", &partitions) < 0) {
             return NULL;
         }
         for (int64_t p = 0; p < partitions; p++) {
@@ -402,7 +375,7 @@ walk_response(const Walk *w)
             }
             out_of_range += be16(data + pos + 4) == OFFSET_OUT_OF_RANGE;
             pos += fixed;
-            if (response_array(w, &pos, flexible, &aborted) < 0) {
+            if (read_length(w, &pos, flexible, 4, "array length", &aborted) < 0) {
                 return NULL;
             }
             if (aborted > 0) {
@@ -430,7 +403,7 @@ walk_response(const Walk *w)
                 pos += 4;
             }
             /* records: bytes, the same length encoding as an array */
-            if (response_array(w, &pos, flexible, &size) < 0) {
+            if (read_length(w, &pos, flexible, 4, "array length", &size) < 0) {
                 return NULL;
             }
             if (size < 0) {
@@ -480,17 +453,8 @@ PyDoc_STRVAR(summarize_response_doc,
 static PyObject *
 summarize_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer buffer;
-    Walk w = {0};
     (void)module;
-    if (walk_arguments(args, nargs, "summarize_response", &buffer, &w.version) < 0) {
-        return NULL;
-    }
-    w.data = buffer.buf;
-    w.end = buffer.len;
-    PyObject *summary = walk_response(&w);
-    PyBuffer_Release(&buffer);
-    return summary;
+    return walk_buffer(args, nargs, "summarize_response", 0, walk_response);
 }
 
 /* ------------------------------------------------------------------------------- module */

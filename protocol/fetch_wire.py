@@ -117,13 +117,15 @@ def _need(pos: int, size: int, end: int, what: str, message: str = "Fetch respon
         raise DecodeError(f"{message}: {what} needs {size} bytes at offset {pos}, {max(end - pos, 0)} left")
 
 
-def _array_length(payload: Buffer, pos: int, end: int, flexible: bool) -> tuple[int, int]:
-    """Element count (-1 for null) and the position after the length."""
+def _read_length(payload: Buffer, pos: int, end: int, flexible: bool, legacy: struct.Struct = _INT32,
+                 what: str = "array length", message: str = "Fetch response") -> tuple[int, int]:
+    """An array's element count, or a string's or bytes' length (-1 for null), and the
+    position after it: an unsigned varint less one in flexible versions, else `legacy`."""
     if flexible:
         count, pos = read_unsigned_varint(payload, pos, end)
         return count - 1, pos
-    _need(pos, 4, end, "array length")
-    return _INT32.unpack_from(payload, pos)[0], pos + 4
+    _need(pos, legacy.size, end, what, message)
+    return legacy.unpack_from(payload, pos)[0], pos + legacy.size
 
 
 def _request_session_py(body: Buffer, version: int) -> tuple[int, int]:
@@ -177,12 +179,7 @@ def _need_request(pos: int, size: int, end: int, version: int, what: str) -> Non
 
 def _request_array(view: memoryview, pos: int, end: int, flexible: bool, version: int,
                    what: str) -> tuple[int, int]:
-    if flexible:
-        count, pos = read_unsigned_varint(view, pos, end)
-        count -= 1
-    else:
-        _need_request(pos, 4, end, version, what)
-        count, pos = _INT32.unpack_from(view, pos)[0], pos + 4
+    count, pos = _read_length(view, pos, end, flexible, _INT32, what, f"Fetch request v{version}")
     if count < 0 or count > end - pos:  # null is not allowed; every element takes a byte at least
         raise DecodeError(f"Fetch request v{version}: {what} count {count} at offset {pos}")
     return count, pos
@@ -199,12 +196,7 @@ def _skip_topic(view: memoryview, pos: int, end: int, version: int, flexible: bo
 def _skip_string(view: memoryview, pos: int, end: int, version: int, flexible: bool, what: str,
                  nullable: bool = False) -> int:
     """Past a (compact, from v12) string; null only where `nullable`."""
-    if flexible:
-        length, pos = read_unsigned_varint(view, pos, end)
-        length -= 1
-    else:
-        _need_request(pos, 2, end, version, what)
-        length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+    length, pos = _read_length(view, pos, end, flexible, _INT16, what, f"Fetch request v{version}")
     if nullable and length == -1:
         return pos
     _need_request(pos, length, end, version, what)
@@ -240,19 +232,14 @@ def _walk_response(view: memoryview, version: int,
         throttle, error, session, pos = _INT32.unpack_from(view, 0)[0], 0, 0, 4
     partition_struct = _PARTITION_V5 if version >= 5 else _PARTITION_V4
     records_size = out_of_range = 0
-    topic_count, pos = _array_length(view, pos, end, flexible)
+    topic_count, pos = _read_length(view, pos, end, flexible)
     for _ in range(max(topic_count, 0)):
         if version >= TOPIC_ID_VERSION:
             _need(pos, 16, end, "topic id")
             key: str | uuid.UUID = uuid.UUID(bytes=bytes(view[pos:pos + 16]))
             pos += 16
         else:
-            if flexible:
-                length, pos = read_unsigned_varint(view, pos, end)
-                length -= 1
-            else:
-                _need(pos, 2, end, "topic name length")
-                length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+            length, pos = _read_length(view, pos, end, flexible, _INT16, "topic name length")
             _need(pos, max(length, 0), end, "topic name")
             try:
                 key = str(view[pos:pos + max(length, 0)], "utf-8")
@@ -263,7 +250,7 @@ def _walk_response(view: memoryview, version: int,
         if topics is not None:
             partitions = []
             topics.append((key, partitions))
-        partition_count, pos = _array_length(view, pos, end, flexible)
+        partition_count, pos = _read_length(view, pos, end, flexible)
         fixed = partition_struct.size
         for _ in range(max(partition_count, 0)):
             start = pos
@@ -274,7 +261,7 @@ def _walk_response(view: memoryview, version: int,
             if flexible and view[pos] < 0x80:
                 aborted, pos = view[pos] - 1, pos + 1
             else:
-                aborted, pos = _array_length(view, pos, end, flexible)
+                aborted, pos = _read_length(view, pos, end, flexible)
             if aborted > 0:
                 if flexible:  # each entry ends with its own tagged fields
                     for _ in range(aborted):
@@ -286,7 +273,7 @@ def _walk_response(view: memoryview, version: int,
             if version >= 11:
                 _need(pos, 4, end, "preferred read replica")
                 pos += 4
-            size, pos = _array_length(view, pos, end, flexible)  # records: bytes, same length encoding
+            size, pos = _read_length(view, pos, end, flexible)  # records: bytes, same length encoding
             size = max(size, 0)
             _need(pos, size, end, "records")
             pos += size

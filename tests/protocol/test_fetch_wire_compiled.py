@@ -75,7 +75,8 @@ def fetch_responses(draw: st.DrawFn, versions: list[int] = VERSIONS) -> tuple[in
                 high_watermark=i64(draw(int64s)), last_stable_offset=i64(draw(int64s)),
                 log_start_offset=i64(draw(int64s)), preferred_read_replica=i32(draw(int32s)),
                 aborted_transactions=None if aborted is None else tuple(
-                    make_entity(module.AbortedTransaction, producer_id=i64(p), first_offset=i64(f)) for p, f in aborted),
+                    make_entity(module.AbortedTransaction, producer_id=i64(p), first_offset=i64(f))
+                    for p, f in aborted),
                 records=draw(st.one_of(st.none(), st.binary(max_size=200))))
             if hasattr(module, "LeaderIdAndEpoch") and draw(st.booleans()):  # tagged fields, v12+
                 values["current_leader"] = module.LeaderIdAndEpoch(leader_id=i32(draw(int32s)),
@@ -287,9 +288,9 @@ def _small_response(version: int) -> Any:
                                                       first_offset=i64(3)),) if i else None,
                     preferred_read_replica=i32(-1), records=b"batch" if i else None)
         for i in range(2))
+    topic = make_entity(module.FetchableTopicResponse, topic="t", topic_id=uuid.UUID(int=1), partitions=partitions)
     values: dict[str, Any] = dict(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(5),
-                                  responses=(make_entity(module.FetchableTopicResponse, topic="t", topic_id=uuid.UUID(int=1),
-                                                         partitions=partitions),))
+                                  responses=(topic,))
     if hasattr(module, "NodeEndpoint"):
         values["node_endpoints"] = (make_entity(module.NodeEndpoint, node_id=i32(1), host="b", port=i32(9092)),)
     return make_entity(schema, **values)
