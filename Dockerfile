@@ -21,7 +21,7 @@ RUN groupadd --system --gid 10001 tierproxy \
         --shell /usr/sbin/nologin tierproxy
 # The packages of pyproject.toml (testbed/, tests only, stays out).
 WORKDIR /opt/tierproxy/src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY protocol ./protocol
 COPY config ./config
 COPY client ./client
@@ -44,7 +44,12 @@ USER tierproxy
 CMD ["tierproxy", "tier", "--config", "/etc/tierproxy/tierproxy.properties", "--every", "30s"]
 
 FROM base AS proxy
-RUN pip install '.[loadtest]' && rm -rf build *.egg-info
+# A C compiler only while pip builds the compiled Fetch walks (setup.py), gone after.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && pip install '.[loadtest]' && rm -rf build *.egg-info \
+ && apt-get purge -y --auto-remove gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /var/lib/tierproxy
 USER tierproxy
 EXPOSE 9192 9194 9404

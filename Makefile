@@ -12,8 +12,10 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # Debian packages, installed with apt-get only when missing (one `apt-get update`, and
 # only then); a no-op on a machine that has them. COMMAND:PACKAGE pairs: kcat for the
 # kcat test, a Java runtime for Kafka and Spark, Maven for the Kafka jars, Prometheus
-# (promtool and the server) for the tests of deploy/rules/.
-SYSTEM_PACKAGES := kcat:kcat java:openjdk-17-jre-headless mvn:maven promtool:prometheus
+# (promtool and the server) for the tests of deploy/rules/, a C compiler (and below, the
+# Python headers) for the compiled accelerators, which the tests compare with the
+# pure-Python code.
+SYSTEM_PACKAGES := kcat:kcat java:openjdk-17-jre-headless mvn:maven promtool:prometheus gcc:gcc
 
 system:
 	@missing=""; \
@@ -21,6 +23,8 @@ system:
 	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	$(PYTHON) -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+	  >/dev/null 2>&1 || missing="$$missing python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  echo "installing with apt-get:$$missing"; \
@@ -28,7 +32,8 @@ system:
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml | system
+# setup.py and the C sources: the editable install builds the compiled modules in place.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard */*.c) | system
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -52,4 +57,4 @@ demo-secure: system install jars
 	$(PY) -m testbed.demo --secure
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis */*.so

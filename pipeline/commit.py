@@ -61,21 +61,13 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def refresh(rlmm: RemoteLogMetadataManager) -> None:
-    """Let the driver's manager see what tasks in other processes wrote (file backend);
-    the topic backend's consumer follows the topic by itself."""
-    refresh_ = getattr(rlmm, "refresh", None)
-    if refresh_ is not None:
-        await refresh_()
-
-
 async def wait_visible(
     rlmm: RemoteLogMetadataManager, tp: TopicIdPartition, ids: Iterable[RemoteLogSegmentId], timeout_s: float
 ) -> None:
     wanted = set(ids)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        await refresh(rlmm)
+        await rlmm.refresh()  # what tasks in other processes wrote (file backend)
         missing = wanted - {m.segment_id for m in rlmm.list_segments(tp)}
         if not missing:
             return
@@ -94,7 +86,7 @@ async def clean_orphans(
 ) -> list[RemoteLogSegmentMetadata]:
     """Deletes every COPY_SEGMENT_STARTED segment of `tp` not in `keep`. Only safe while no
     copy of `tp` runs (the pipeline's lock)."""
-    await refresh(rlmm)
+    await rlmm.refresh()  # what tasks in other processes wrote (file backend)
     kept = set(keep)
     cleaned = []
     for m in rlmm.list_segments(tp):

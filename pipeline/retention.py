@@ -15,7 +15,9 @@ partitions and steps go on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tierproxy.config import Config
 from tierproxy.storage.metadata import RemoteLogMetadataManager
@@ -27,6 +29,7 @@ from .local_retention import LocalTrim, apply_local_retention
 from .partition_remover import PartitionRemoval, remove_deleted_partitions
 from .remote_retention import RemoteExpiry, apply_remote_retention
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 LOCAL_RETENTION = "local retention"
@@ -94,9 +97,7 @@ async def run_retention(
     report = RetentionReport()
     # A file-backed manager shared with copy tasks in other processes sees their appends only
     # after a refresh; decisions must rest on every finished segment.
-    refresh = getattr(rlmm, "refresh", None)
-    if refresh is not None:
-        await refresh()
+    await rlmm.refresh()
     tiered = [t.name for t in config.tiered_topics]
     try:
         topics = await cluster.topics(tiered) if tiered else {}
@@ -105,31 +106,32 @@ async def run_retention(
         topics = None
 
     if topics is not None:
-        try:
-            local = await apply_local_retention(config, cluster, rlmm, topics, now_ms=now_ms)
-        except Exception as e:
-            report.failures.append(_step_failed(LOCAL_RETENTION, e))
-        else:
+        local = await _step(report, LOCAL_RETENTION, apply_local_retention(config, cluster, rlmm, topics,
+                                                                           now_ms=now_ms))
+        if local is not None:
             report.trimmed = local.trimmed
-            report.failures += _partition_failures(LOCAL_RETENTION, local.failures)
-        try:
-            remote = await apply_remote_retention(config, rlmm, rsm, topics, now_ms=now_ms)
-        except Exception as e:
-            report.failures.append(_step_failed(REMOTE_RETENTION, e))
-        else:
+        remote = await _step(report, REMOTE_RETENTION, apply_remote_retention(config, rlmm, rsm, topics,
+                                                                             now_ms=now_ms))
+        if remote is not None:
             report.expired = remote.expired
-            report.failures += _partition_failures(REMOTE_RETENTION, remote.failures)
-
-    try:
-        removal = await remove_deleted_partitions(
-            config, cluster, rlmm, rsm, now_ms=now_ms, force=force_partition_removal)
-    except Exception as e:
-        report.failures.append(_step_failed(PARTITION_REMOVAL, e))
-    else:
+    removal = await _step(report, PARTITION_REMOVAL, remove_deleted_partitions(
+        config, cluster, rlmm, rsm, now_ms=now_ms, force=force_partition_removal))
+    if removal is not None:
         report.partition_remover_ran = removal.ran
         report.removed = removal.removed
-        report.failures += _partition_failures(PARTITION_REMOVAL, removal.failures)
     return report
+
+
+async def _step(report: RetentionReport, step: str, run: Awaitable[T]) -> T | None:
+    """One step's result, its partitions' failures added to the report; None (the step's
+    failure added) when the step failed as a whole: the next steps still run."""
+    try:
+        result = await run
+    except Exception as e:
+        report.failures.append(_step_failed(step, e))
+        return None
+    report.failures += _partition_failures(step, result.failures)  # type: ignore[attr-defined]
+    return result
 
 
 def _step_failed(step: str, error: Exception) -> RetentionFailure:

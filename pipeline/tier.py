@@ -83,7 +83,7 @@ from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
-from .commit import CommitResult, clean_orphans, commit_partition, refresh
+from .commit import CommitResult, clean_orphans, commit_partition
 from .copy import CopyResult, copy_task, metadata_manager
 from .failures import log_failure, one_line
 from .metrics import PipelineMetrics
@@ -308,7 +308,7 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
             except Exception as e:
                 report.disabled.failures.append(("*", log_failure(log, logging.WARNING, "remote storage disable", e)))
 
-        await refresh(rlmm)
+        await rlmm.refresh()
         now_ms = int(time.time() * 1000)
         report.remote_logs = {
             f"{p.topic}-{p.partition}": remote_log_stats(rlmm.list_segments(p.topic_id_partition),

@@ -6,6 +6,8 @@ No I/O here: no sockets, no asyncio, no object storage. Everything works on byte
 - ``headers``: request/response headers read and written without the payload.
 - ``codecs``: kio encode/decode of the intercepted APIs (INTERCEPTED).
 - ``records``: record-batch headers, walked without decoding records.
+- ``fetch_wire``: Fetch requests and responses walked and written without kio (the
+  Fetch handler's hot paths).
 - ``acks``: whether the broker answers a request (not a Produce with acks=0).
 - ``apis``: ApiKey, ErrorCode, OffsetSpec.
 - ``errors``: ProtocolError, FrameError, DecodeError.

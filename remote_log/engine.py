@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tierproxy.cache.chunk_cache import ChunkCache
 from tierproxy.cache.index_cache import RemoteIndexCache
@@ -34,9 +34,8 @@ from tierproxy.storage.model import TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from .metrics import RemoteMetrics
-from .reader import IsolationLevel, OffsetAndEpoch, RemoteLogReader, RemoteReadResult, TimestampAndOffset
+from .reader import OffsetAndEpoch, RemoteLogReader, RemoteReadResult, TimestampAndOffset
 from .reader_pool import ReadOutcome, RemoteLogReaderPool
-from .segments import NO_LEADER_EPOCH
 
 T = TypeVar("T")
 
@@ -102,27 +101,13 @@ class RemoteReadEngine:
 
     # ------------------------------------------------------------------ Fetch
 
-    async def read(
-        self,
-        tp: TopicIdPartition,
-        fetch_offset: int,
-        max_bytes: int,
-        *,
-        min_one_batch: bool,
-        leader_epoch: int = NO_LEADER_EPOCH,
-        isolation_level: int = IsolationLevel.READ_UNCOMMITTED,
-        log_start_offset: int | None = None,
-    ) -> ReadOutcome[RemoteReadResult]:
-        """`RemoteLogReader.read` on the pool, waiting at most remote.fetch.max.wait.ms. The outcome
-        holds the result, the error (ReaderQueueFull included), or `expired`."""
-        return await self.pool.read(
-            lambda: self.reader.read(
-                tp, fetch_offset, max_bytes, min_one_batch=min_one_batch, leader_epoch=leader_epoch,
-                isolation_level=isolation_level, log_start_offset=log_start_offset,
-            ),
-            timeout=self.fetch_max_wait_s,
-            topic=tp.topic,
-        )
+    async def read(self, tp: TopicIdPartition, fetch_offset: int, max_bytes: int, **options: Any
+                   ) -> ReadOutcome[RemoteReadResult]:
+        """`RemoteLogReader.read(tp, fetch_offset, max_bytes, **options)` on the pool, waiting at
+        most remote.fetch.max.wait.ms. The outcome holds the result, the error (ReaderQueueFull
+        included), or `expired`."""
+        return await self.pool.read(lambda: self.reader.read(tp, fetch_offset, max_bytes, **options),
+                                    timeout=self.fetch_max_wait_s, topic=tp.topic)
 
     # ------------------------------------------------------------------ ListOffsets
 

@@ -97,25 +97,24 @@ def stop_pids(pids: Sequence[int], *, timeout: float = 15.0) -> None:
     the last ones wait for a quorum that is already gone.
     """
     _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    remaining = list(pids)
-    while remaining and time.monotonic() < deadline:
-        for pid in remaining:
-            _reap(pid)
-        remaining = [pid for pid in remaining if is_alive(pid)]
-        if remaining:
-            time.sleep(0.05)
+    remaining = _wait_gone(list(pids), timeout)
     if remaining:
         _signal_all(remaining, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while remaining and time.monotonic() < deadline:
-            for pid in remaining:
-                _reap(pid)
-            remaining = [pid for pid in remaining if is_alive(pid)]
-            if remaining:
-                time.sleep(0.05)
+        remaining = _wait_gone(remaining, 5.0)
     if remaining:
         raise RuntimeError(f"processes {remaining} still run after SIGKILL")
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive after waiting up to `timeout` seconds (reaping children)."""
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            _reap(pid)
+        pids = [pid for pid in pids if is_alive(pid)]
+        if pids:
+            time.sleep(0.05)
+    return pids
 
 
 def _signal_all(pids: Sequence[int], sig: signal.Signals) -> None:

@@ -427,7 +427,7 @@ class LoadTest:
         except Exception as e:  # counted, and the other consumers go on
             # A KafkaException carries a KafkaError (named) as its first argument.
             error = e.args[0] if e.args else None
-            totals.error(error.name() if hasattr(error, "name") else type(e).__name__)
+            totals.error(error.name() if isinstance(error, KafkaError) else type(e).__name__)
         finally:
             on_exit()
 

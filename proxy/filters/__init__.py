@@ -5,7 +5,7 @@ intercepts:
   FindCoordinator, DescribeCluster, and the node endpoints of Fetch and Produce). It is
   first in the chain, so it is the last to see each response, the Fetch filter's too.
 - `api_versions`: the versions clients are offered; the broker's, learned per connection.
-- `fetch` (with `fetch_wire`, `fetch_session`): the remote tier behind Fetch.
+- `fetch` (with `fetch_session`, and `protocol.fetch_wire` for the bytes): the remote tier behind Fetch.
 - `list_offsets`: ListOffsets over the whole log, remote part included.
 
 `messages` is what travels through a chain (the client's request, parsed at most once,

@@ -36,7 +36,7 @@ from tierproxy.protocol.codecs import response_schema
 
 from .chain import CallNext, Filter
 from .context import ConnectionContext
-from .fetch_wire import encode_fetch_response, scan_fetch_response
+from tierproxy.protocol.fetch_wire import encode_fetch_response, scan_fetch_response
 from .messages import ClientRequest, Response
 
 __all__ = ("BrokerAddressFilter",)

@@ -36,7 +36,7 @@ for what is left of `max_wait_ms`.
 The broker's response is never decoded by kio: a scan of its partitions' error codes
 tells whether any is OFFSET_OUT_OF_RANGE, and if none is, it goes back as it came. A
 merged response is written as buffers: the broker's partitions as slices of its payload,
-remote records as the reader's slices (`fetch_wire`). Either way the response carries
+remote records as the reader's slices (`protocol.fetch_wire`). Either way the response carries
 what the scan found of its top-level tagged fields, where node endpoints (v16+) would
 be, for the address filter that sees it next.
 
@@ -70,7 +70,7 @@ from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
-from .fetch_wire import (
+from tierproxy.protocol.fetch_wire import (
     FLEXIBLE_VERSION,
     SESSIONLESS,
     TOPIC_ID_VERSION,

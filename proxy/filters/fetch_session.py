@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fetch_wire import OUT_OF_RANGE, ScannedResponse
+from tierproxy.protocol.fetch_wire import OUT_OF_RANGE, ScannedResponse
 
 
 class FetchSessionPositions:

@@ -35,7 +35,7 @@ from tierproxy.proxy.filters import (
 from tierproxy.proxy.filters import addresses, messages
 from tierproxy.proxy.filters.addresses import BrokerAddressFilter
 from tierproxy.proxy.filters.api_versions import ApiVersionsFilter
-from tierproxy.proxy.filters.fetch_wire import RemotePartition, encode_fetch_response, scan_fetch_response
+from tierproxy.protocol.fetch_wire import RemotePartition, encode_fetch_response, scan_fetch_response
 
 PROXY_HOST = "proxy.example"
 PORT_BASE = 40000

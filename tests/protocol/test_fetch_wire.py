@@ -27,7 +27,7 @@ from tierproxy.protocol.codecs import (
 )
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.headers import parse_response_header, peek_request_header, response_header_version
-from tierproxy.proxy.filters.fetch_wire import (
+from tierproxy.protocol.fetch_wire import (
     SESSIONLESS,
     RemotePartition,
     encode_fetch_response,
@@ -187,8 +187,8 @@ _CHECKED_DECODE = """
 import random, sys
 from tierproxy.protocol.codecs import INTERCEPTED, decode_request
 from tierproxy.protocol.errors import DecodeError
-from tierproxy.proxy.filters.fetch_wire import request_session
-from tests.proxy.test_fetch_wire import _request_body
+from tierproxy.protocol.fetch_wire import request_session
+from tests.protocol.test_fetch_wire import _request_body
 
 def outcome(body, version, checked):
     try:

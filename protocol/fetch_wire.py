@@ -1,10 +1,12 @@
-"""Fetch responses (v4+) on the wire, for the Fetch handler's two hot paths, without kio.
+"""Fetch requests and responses (v4+) on the wire, for the Fetch handler's hot paths, without kio.
 
 kio decodes a response's record bytes into new bytes objects and encodes them by copying
 them again; on a fetch of many MB that is most of the proxy's work. Here:
 
-- `scan_fetch_response` walks a broker's response reading only the fixed fields: each
-  partition's error code, its records size and the byte span it takes in the payload.
+- `scan_fetch_response` checks a broker's response and sums it up (throttle time, error
+  code, session id, records size, how many partitions are OFFSET_OUT_OF_RANGE, where its
+  tagged fields are) reading only the fixed fields; each partition's error code and the
+  byte span it takes in the payload are found only when asked (`ScannedResponse.topics`).
   A response with no OFFSET_OUT_OF_RANGE and no node endpoints goes back to the client as
   it came, never decoded.
 - `request_session` reads a request's fetch session (id, epoch) from its fixed fields,
@@ -12,6 +14,12 @@ them again; on a fetch of many MB that is most of the proxy's work. Here:
 - `encode_fetch_response` writes a merged response as a list of buffers for `writelines`:
   the broker's partitions as slices of its payload, the remote partitions' headers packed
   here and their record batches as the reader's memoryview slices, never joined.
+
+The two walks over every partition of every Fetch (`request_session`,
+`summarize_response`) have a compiled twin, `tierproxy.protocol._fetch_wire`
+(`_fetch_wire.c`), built by `pip install` where a compiler is; it is used unless the
+environment sets TIERPROXY_NO_EXTENSIONS (see `extensions`). The Python functions here
+are the reference: the same checks, the same DecodeError messages.
 
 Field layout (Kafka's FetchResponse.json): throttle_time_ms; error_code, session_id (v7+);
 per topic the name (v4-12) or topic id (v13+); per partition index, error_code,
@@ -29,15 +37,16 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from tierproxy.protocol.apis import ErrorCode
-from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.headers import read_unsigned_varint, skip_tagged_fields
+from .apis import ErrorCode
+from .errors import DecodeError
+from .extensions import compiled
+from .headers import read_unsigned_varint, skip_tagged_fields
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ("OUT_OF_RANGE", "RemotePartition", "ScannedPartition", "ScannedResponse", "encode_fetch_response",
-           "request_session", "scan_fetch_response")
+__all__ = ("COMPILED", "OUT_OF_RANGE", "RemotePartition", "ScannedPartition", "ScannedResponse",
+           "encode_fetch_response", "request_session", "scan_fetch_response", "summarize_response")
 
 FLEXIBLE_VERSION = 12
 TOPIC_ID_VERSION = 13
@@ -63,30 +72,44 @@ class ScannedPartition(NamedTuple):
     end: int
 
 
-class ScannedResponse(NamedTuple):
-    throttle_time_ms: int
-    error_code: int
-    session_id: int
-    #: (topic name, or topic id from v13, [partitions]) in the broker's order
-    topics: list[tuple[str | uuid.UUID, list[ScannedPartition]]]
-    #: The response's own tagged field section (flexible versions; node endpoints from v16,
-    #: which name brokers), as a slice of the payload; None before v12.
-    tagged_fields: memoryview | None
+#: throttle_time_ms, error_code, session_id, records size, partitions OFFSET_OUT_OF_RANGE,
+#: offset of the top-level tagged field section (None before v12)
+Summary = tuple[int, int, int, int, int, int | None]
+
+
+class ScannedResponse:
+    """A broker's Fetch response, checked: its summary at once, its partitions when asked."""
+
+    __slots__ = ("throttle_time_ms", "error_code", "session_id", "records_size", "out_of_range", "tagged_fields",
+                 "_payload", "_version", "_topics")
+
+    def __init__(self, payload: memoryview, version: int, summary: Summary) -> None:
+        self.throttle_time_ms, self.error_code, self.session_id, self.records_size, self.out_of_range, tagged = summary
+        #: The response's own tagged field section (flexible versions; node endpoints from v16,
+        #: which name brokers), as a slice of the payload; None before v12.
+        self.tagged_fields = None if tagged is None else payload[tagged:]
+        self._payload = payload
+        self._version = version
+        self._topics: list[tuple[str | uuid.UUID, list[ScannedPartition]]] | None = None
+
+    @property
+    def topics(self) -> list[tuple[str | uuid.UUID, list[ScannedPartition]]]:
+        """(topic name, or topic id from v13, [partitions]) in the broker's order, walked
+        the first time they are asked for (a partition out of range, fetch-session positions
+        to update): a response that goes back as it came needs no object per partition."""
+        if self._topics is None:
+            topics: list[tuple[str | uuid.UUID, list[ScannedPartition]]] = []
+            _walk_response(self._payload, self._version, topics)
+            self._topics = topics
+        return self._topics
 
     @property
     def has_tagged_fields(self) -> bool:
         return self.tagged_fields is not None and self.tagged_fields[0] != 0
 
     @property
-    def records_size(self) -> int:
-        return sum(p.records_size for _, partitions in self.topics for p in partitions)
-
-    def any_error(self, code: int) -> bool:
-        return any(p.error_code == code for _, partitions in self.topics for p in partitions)
-
-    @property
     def any_out_of_range(self) -> bool:
-        return self.any_error(OUT_OF_RANGE)
+        return self.out_of_range > 0
 
 
 def _need(pos: int, size: int, end: int, what: str, message: str = "Fetch response") -> None:
@@ -94,16 +117,18 @@ def _need(pos: int, size: int, end: int, what: str, message: str = "Fetch respon
         raise DecodeError(f"{message}: {what} needs {size} bytes at offset {pos}, {max(end - pos, 0)} left")
 
 
-def _array_length(payload: Buffer, pos: int, end: int, flexible: bool) -> tuple[int, int]:
-    """Element count (-1 for null) and the position after the length."""
+def _read_length(payload: Buffer, pos: int, end: int, flexible: bool, legacy: struct.Struct = _INT32,
+                 what: str = "array length", message: str = "Fetch response") -> tuple[int, int]:
+    """An array's element count, or a string's or bytes' length (-1 for null), and the
+    position after it: an unsigned varint less one in flexible versions, else `legacy`."""
     if flexible:
         count, pos = read_unsigned_varint(payload, pos, end)
         return count - 1, pos
-    _need(pos, 4, end, "array length")
-    return _INT32.unpack_from(payload, pos)[0], pos + 4
+    _need(pos, legacy.size, end, what, message)
+    return legacy.unpack_from(payload, pos)[0], pos + legacy.size
 
 
-def request_session(body: Buffer, version: int) -> tuple[int, int]:
+def _request_session_py(body: Buffer, version: int) -> tuple[int, int]:
     """(session_id, session_epoch) of a Fetch request body (after the request header),
     SESSIONLESS before v7, once its structure is checked (every length within the body)
     so that a malformed request is refused here, not by the broker. Raises DecodeError."""
@@ -154,12 +179,7 @@ def _need_request(pos: int, size: int, end: int, version: int, what: str) -> Non
 
 def _request_array(view: memoryview, pos: int, end: int, flexible: bool, version: int,
                    what: str) -> tuple[int, int]:
-    if flexible:
-        count, pos = read_unsigned_varint(view, pos, end)
-        count -= 1
-    else:
-        _need_request(pos, 4, end, version, what)
-        count, pos = _INT32.unpack_from(view, pos)[0], pos + 4
+    count, pos = _read_length(view, pos, end, flexible, _INT32, what, f"Fetch request v{version}")
     if count < 0 or count > end - pos:  # null is not allowed; every element takes a byte at least
         raise DecodeError(f"Fetch request v{version}: {what} count {count} at offset {pos}")
     return count, pos
@@ -176,12 +196,7 @@ def _skip_topic(view: memoryview, pos: int, end: int, version: int, flexible: bo
 def _skip_string(view: memoryview, pos: int, end: int, version: int, flexible: bool, what: str,
                  nullable: bool = False) -> int:
     """Past a (compact, from v12) string; null only where `nullable`."""
-    if flexible:
-        length, pos = read_unsigned_varint(view, pos, end)
-        length -= 1
-    else:
-        _need_request(pos, 2, end, version, what)
-        length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+    length, pos = _read_length(view, pos, end, flexible, _INT16, what, f"Fetch request v{version}")
     if nullable and length == -1:
         return pos
     _need_request(pos, length, end, version, what)
@@ -189,9 +204,23 @@ def _skip_string(view: memoryview, pos: int, end: int, version: int, flexible: b
 
 
 def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
-    """The error codes, records sizes and byte spans of a Fetch response (v4+) payload.
-    Raises DecodeError when the payload is not one."""
+    """A Fetch response (v4+) payload, checked and summed up; its partitions' error codes,
+    records sizes and byte spans are found when `topics` is first read. Raises DecodeError
+    when the payload is not one."""
     view = memoryview(payload)
+    return ScannedResponse(view, version, summarize_response(view, version))
+
+
+def _summarize_response_py(payload: Buffer, version: int) -> Summary:
+    """The summary of a Fetch response payload, once its structure is checked (every
+    length within it, topic names UTF-8, nothing after it). Raises DecodeError."""
+    return _walk_response(memoryview(payload), version, None)
+
+
+def _walk_response(view: memoryview, version: int,
+                   topics: list[tuple[str | uuid.UUID, list[ScannedPartition]]] | None) -> Summary:
+    """The walk behind the summary, which also appends every topic and its partitions to
+    `topics` unless it is None."""
     end = len(view)
     flexible = version >= FLEXIBLE_VERSION
     if version >= 7:
@@ -202,25 +231,26 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
         _need(0, 4, end, "throttle time")
         throttle, error, session, pos = _INT32.unpack_from(view, 0)[0], 0, 0, 4
     partition_struct = _PARTITION_V5 if version >= 5 else _PARTITION_V4
-    topics: list[tuple[str | uuid.UUID, list[ScannedPartition]]] = []
-    topic_count, pos = _array_length(view, pos, end, flexible)
+    records_size = out_of_range = 0
+    topic_count, pos = _read_length(view, pos, end, flexible)
     for _ in range(max(topic_count, 0)):
         if version >= TOPIC_ID_VERSION:
             _need(pos, 16, end, "topic id")
             key: str | uuid.UUID = uuid.UUID(bytes=bytes(view[pos:pos + 16]))
             pos += 16
         else:
-            if flexible:
-                length, pos = read_unsigned_varint(view, pos, end)
-                length -= 1
-            else:
-                _need(pos, 2, end, "topic name length")
-                length, pos = _INT16.unpack_from(view, pos)[0], pos + 2
+            length, pos = _read_length(view, pos, end, flexible, _INT16, "topic name length")
             _need(pos, max(length, 0), end, "topic name")
-            key = str(view[pos:pos + max(length, 0)], "utf-8")
+            try:
+                key = str(view[pos:pos + max(length, 0)], "utf-8")
+            except UnicodeDecodeError:
+                raise DecodeError(f"Fetch response: topic name at offset {pos} is not UTF-8") from None
             pos += max(length, 0)
-        partitions: list[ScannedPartition] = []
-        partition_count, pos = _array_length(view, pos, end, flexible)
+        partitions: list[ScannedPartition] | None = None
+        if topics is not None:
+            partitions = []
+            topics.append((key, partitions))
+        partition_count, pos = _read_length(view, pos, end, flexible)
         fixed = partition_struct.size
         for _ in range(max(partition_count, 0)):
             start = pos
@@ -231,7 +261,7 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
             if flexible and view[pos] < 0x80:
                 aborted, pos = view[pos] - 1, pos + 1
             else:
-                aborted, pos = _array_length(view, pos, end, flexible)
+                aborted, pos = _read_length(view, pos, end, flexible)
             if aborted > 0:
                 if flexible:  # each entry ends with its own tagged fields
                     for _ in range(aborted):
@@ -243,7 +273,7 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
             if version >= 11:
                 _need(pos, 4, end, "preferred read replica")
                 pos += 4
-            size, pos = _array_length(view, pos, end, flexible)  # records: bytes, same length encoding
+            size, pos = _read_length(view, pos, end, flexible)  # records: bytes, same length encoding
             size = max(size, 0)
             _need(pos, size, end, "records")
             pos += size
@@ -252,17 +282,18 @@ def scan_fetch_response(payload: Buffer, version: int) -> ScannedResponse:
                     pos += 1
                 else:
                     pos = skip_tagged_fields(view, pos, end)
-            partitions.append(ScannedPartition(index, error_code, size, start, pos))
+            records_size += size
+            out_of_range += error_code == OUT_OF_RANGE
+            if partitions is not None:
+                partitions.append(ScannedPartition(index, error_code, size, start, pos))
         if flexible:
             pos = skip_tagged_fields(view, pos, end)
-        topics.append((key, partitions))
     tagged = None
     if flexible:
-        start, pos = pos, skip_tagged_fields(view, pos, end)
-        tagged = view[start:pos]
+        tagged, pos = pos, skip_tagged_fields(view, pos, end)
     if pos != end:
         raise DecodeError(f"Fetch response: {end - pos} bytes after the payload")
-    return ScannedResponse(throttle, error, session, topics, tagged)
+    return throttle, error, session, records_size, out_of_range, tagged
 
 
 # ---------------------------------------------------------------------- encoding
@@ -364,3 +395,16 @@ def encode_fetch_response(
         head += tagged_fields
     parts.append(bytes(head))
     return parts
+
+
+# ---------------------------------------------------------------------- the compiled twins
+
+_compiled = compiled("tierproxy.protocol._fetch_wire")
+#: Whether `request_session` and `summarize_response` are the compiled ones.
+COMPILED = _compiled is not None
+if _compiled is not None:
+    request_session = _compiled.request_session
+    summarize_response = _compiled.summarize_response
+else:
+    request_session = _request_session_py
+    summarize_response = _summarize_response_py

@@ -1,0 +1,11 @@
+"""The compiled accelerators; everything else about the distribution is in pyproject.toml.
+
+Each is optional, as aiokafka's: where no C compiler (or no Python headers) is, the build
+skips it and the pure-Python twin runs (`tierproxy.protocol.extensions`).
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[
+    Extension("tierproxy.protocol._fetch_wire", ["protocol/_fetch_wire.c"], optional=True),
+])
