@@ -20,7 +20,7 @@ import pytest
 from testbed.ports import free_ports
 from testbed.processes import log_tail, spawn, stop_pids
 from tests.helpers.produce import produce_mixed
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 TIERPROXY = Path(sys.executable).parent / "tierproxy"
@@ -77,22 +77,39 @@ async def _tier_on(master_url: str, properties: Path, app_name: str) -> subproce
     return done
 
 
-async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluster, topic, tmp_path):
-    bootstrap = kafka_cluster.bootstrap_servers
-    name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
-    await produce_mixed(bootstrap, name, 2, per_codec=1_000, per_transaction=50)
-    config = tier_config(tmp_path, bootstrap, name, topic_settings={"segment.bytes": 32 * 1024})
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
+def _properties(config, tmp_path: Path) -> Path:
+    """The configuration as the file `tierproxy tier` (or spark-submit) is given."""
+    path = tmp_path / "tier.properties"
+    with open(path, "w", encoding="utf-8") as f:
         javaproperties.dump(config.raw(), f)
+    return path
+
+
+async def _mixed_topic(kafka_cluster, topic, tmp_path: Path, partitions: int, per_codec: int,
+                       per_transaction: int):
+    """A topic of small broker segments with the mixed data set, its tiering configuration
+    (32 KiB remote segments) and that in a file."""
+    name = topic(partitions=partitions, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    await produce_mixed(kafka_cluster.bootstrap_servers, name, partitions, per_codec=per_codec,
+                        per_transaction=per_transaction)
+    config = tier_config(tmp_path, kafka_cluster.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024})
+    return name, config, _properties(config, tmp_path)
+
+
+def _completed_apps(ui: int) -> list[str]:
+    """The applications the standalone master lists as completed, oldest first."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+        return [app["name"] for app in json.load(response)["completedapps"]]
+
+
+async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluster, topic, tmp_path):
+    name, config, properties = await _mixed_topic(kafka_cluster, topic, tmp_path, 2, 1_000, 50)
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-test")
     assert "2 partitions," in done.stderr  # the summary line
     # It ran on the standalone cluster: its master lists the application as completed.
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
-    assert [app["name"] for app in state["completedapps"]] == ["tierproxy-standalone-test"]
+    assert _completed_apps(ui) == ["tierproxy-standalone-test"]
 
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert all(len(s) >= 2 for s in segments.values())
@@ -100,13 +117,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
 
 async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, tmp_path):
     """spark-submit with tierproxy/submit.py: the submitted master wins over the file's."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    name = topic(partitions=1, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
-    await produce_mixed(bootstrap, name, 1, per_codec=500, per_transaction=20)
-    config = tier_config(tmp_path, bootstrap, name, topic_settings={"segment.bytes": 32 * 1024})
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
+    name, config, properties = await _mixed_topic(kafka_cluster, topic, tmp_path, 1, 500, 20)
 
     master_url, ui = standalone
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
@@ -120,10 +131,8 @@ async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, 
         env=env, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
     # config says local[*]; the job ran on the standalone master all the same.
-    assert "tierproxy-spark-submit" in [app["name"] for app in state["completedapps"]]
+    assert "tierproxy-spark-submit" in _completed_apps(ui)
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert segments and all(len(s) >= 1 for s in segments.values())
 
@@ -144,15 +153,11 @@ async def test_tier_command_on_a_standalone_master_over_sasl_ssl(standalone, sec
     security = secure_kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
     config = tier_config(tmp_path, secure_kafka.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024},
                          extra=security)
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
+    properties = _properties(config, tmp_path)
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-sasl-ssl")
     assert security["sasl.password"] not in done.stdout + done.stderr
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
-    assert "tierproxy-standalone-sasl-ssl" in [app["name"] for app in state["completedapps"]]
+    assert "tierproxy-standalone-sasl-ssl" in _completed_apps(ui)
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert all(len(s) >= 2 for s in segments.values())

@@ -21,7 +21,7 @@ from tierproxy.protocol.requests import list_offsets_request
 from testbed.kafka import ADMIN_USER
 from testbed.raw import api_versions, closed_by_peer, frame, read_frames, sasl_handshake, sasl_plain
 from tests.helpers.batches import batch
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
+from tests.helpers.proxy import ProxyThread, proxy_config
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,12 +12,7 @@ by cause) and serves the other partitions in full.
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import shutil
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,91 +20,53 @@ import pytest
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.protocol.apis import ErrorCode
 from tierproxy.protocol.requests import fetch_request
-from tierproxy.storage.encryption import KeyRing
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.rsm import ObjectType
-from tierproxy.config import parse
-from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, running_proxy
-from tests.proxy.tiered_helpers import (
-    TieredTopic,
-    consume_confluent_assigned,
-    expected_by_partition,
-    in_partition_order,
-    local_proxy_settings,
-    produce_timed,
-    record_keys,
-    tier_and_trim,
-)
+from tests.helpers.consume import consume_aiokafka, consume_confluent_assigned, expected_by_partition
+from tests.helpers.consume import in_partition_order, record_keys
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Timed, TieredTopic, TopicSpec, encryption_keys, write_key
 
 PARTITIONS = 3
 PER_PARTITION = 1500
 VALUE_SIZE = 1000  # ~900 KB remote per partition: a first segment of three 256 KiB chunks
 SEGMENT_BYTES = 600 * 1024
-KEY_OF_PARTITION = {0: "k1", 1: "k2", 2: None}
+SPEC = TopicSpec(Timed(PER_PARTITION, value_size=VALUE_SIZE), partitions=PARTITIONS, segment_bytes=SEGMENT_BYTES,
+                 encryption=("k1", "k2", None))
+KEY_OF_PARTITION = dict(enumerate(SPEC.encryption))
 pytestmark = pytest.mark.timeout(300)
 
 
-@dataclass
-class Encrypted:
-    data: TieredTopic
-    root: Path
-    keys: dict[str, Path]  # id -> file
-
-    def settings(self, keys: dict[str, Path] | None = None, remote_root: Path | None = None) -> dict[str, object]:
-        """Proxy settings over the store (or a copy of it under `remote_root`) with these keys
-        (by default k1 and k2)."""
-        keys = keys if keys is not None else {"k1": self.keys["k1"], "k2": self.keys["k2"]}
-        settings: dict[str, object] = {**local_proxy_settings(self.root), "remote.log.storage.encryption.keys":
-                                       ",".join(f"{key_id}:{path}" for key_id, path in keys.items())}
-        if remote_root is not None:
-            settings["remote.log.storage.local.dir"] = remote_root / "remote"
-        return settings
-
-    def first_log(self, partition: int, remote_root: Path) -> Path:
-        """The stored `.log` of the partition's first remote segment under `remote_root`."""
-        metadata = min((m for m, _ in self.data.copies if m.topic_id_partition.partition == partition),
-                       key=lambda m: m.start_offset)
-        rsm = LocalRemoteStorageManager(remote_root / "remote")
-        return rsm.path_of(rsm._key(metadata, ObjectType.LOG))
-
-
-def _write_key(path: Path) -> Path:
-    path.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
-    return path
+@pytest.fixture(scope="module")
+def encrypted(kafka_cluster, tiered_topics) -> TieredTopic:
+    data = tiered_topics(SPEC, kafka_cluster)
+    assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
+    return data
 
 
 @pytest.fixture(scope="module")
-def encrypted(kafka_cluster, tmp_path_factory) -> Iterator[Encrypted]:
-    topic = f"encrypted-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("encrypted")
-    (root / "keys").mkdir()
-    keys = {key_id: _write_key(root / "keys" / f"{key_id}.key") for key_id in ("k1", "k2")}
-    keys["k1-impostor"] = _write_key(root / "keys" / "other.key")
-    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION, value_size=VALUE_SIZE)
+def impostor(tmp_path_factory) -> Path:
+    """Other key material, to be configured under the id k1."""
+    return write_key(tmp_path_factory.mktemp("impostor") / "other.key")
 
-    async def build() -> TieredTopic:
-        boundary, copies, leaders = {}, [], {}
-        for partition, key_id in KEY_OF_PARTITION.items():
-            config = parse({"bootstrap.servers": kafka_cluster.bootstrap_servers,
-                            "remote.log.storage.encryption.keys": f"k1:{keys['k1']},k2:{keys['k2']}",
-                            "remote.log.storage.encryption.active.key": key_id or ""})
-            async with LocalRemoteStorageManager(root / "remote", keys=KeyRing.from_config(config)) as rsm, \
-                    FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-                part = await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                           work_dir=root / "work", partitions=[partition],
-                                           segment_bytes=SEGMENT_BYTES)
-            boundary[partition] = part.boundary[partition]
-            copies += part.copies
-            leaders = part.leaders
-        return TieredTopic(topic, part.topic_id, part.records, boundary, copies, leaders)
 
-    data = asyncio.run(build())
-    assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
-    yield Encrypted(data, root, {"k1": keys["k1"], "k2": keys["k2"], "impostor": keys["k1-impostor"]})
-    kafka_cluster.delete_topic(topic)
+def _settings(keys: dict[str, Path] | None = None, remote_root: Path | None = None) -> dict[str, object]:
+    """Proxy settings with these keys instead of the store's (k1 and k2), over a copy of the
+    store under `remote_root` instead of the store itself."""
+    settings: dict[str, object] = {}
+    if keys is not None:
+        settings["remote.log.storage.encryption.keys"] = encryption_keys(keys)
+    if remote_root is not None:
+        settings["remote.log.storage.local.dir"] = remote_root / "remote"
+    return settings
+
+
+def _first_log(data: TieredTopic, partition: int, remote_root: Path) -> Path:
+    """The stored `.log` of the partition's first remote segment under `remote_root`."""
+    metadata = data.segments[partition][0]
+    rsm = LocalRemoteStorageManager(remote_root / "remote")
+    return rsm.path_of(rsm._key(metadata, ObjectType.LOG))
 
 
 async def _remote_fetch(proxy: ProxyThread, topic: str, partition: int) -> tuple[int, bytes]:
@@ -125,9 +82,8 @@ def _not_available(proxy: ProxyThread, topic: str, cause: str) -> float:
     return proxy.metrics.value("tierproxy_tiered_storage_not_available_total", {"topic": topic, "cause": cause})
 
 
-def _refused_and_others_served(encrypted: Encrypted, proxy: ProxyThread, refused: int, cause: str,
+def _refused_and_others_served(data: TieredTopic, proxy: ProxyThread, refused: int, cause: str,
                                reason: str) -> None:
-    data = encrypted.data
     code, records = asyncio.run(_remote_fetch(proxy, data.topic, refused))
     assert (code, records) == (ErrorCode.unknown_server_error, b"")
     assert _not_available(proxy, data.topic, cause) >= 1
@@ -135,16 +91,15 @@ def _refused_and_others_served(encrypted: Encrypted, proxy: ProxyThread, refused
     others = [p for p in range(PARTITIONS) if p != refused]
     consumed = consume_confluent_assigned({"bootstrap.servers": proxy.bootstrap_servers}, data.topic, others,
                                           sum(len(data.of(p)) for p in others))
-    expected = expected_by_partition(data)
+    expected = expected_by_partition(data.records)
     assert in_partition_order(consumed) == {p: expected[p] for p in others}
 
 
 def test_the_partitions_are_stored_as_configured(encrypted):
     for partition, key_id in KEY_OF_PARTITION.items():
-        metadata = min((m for m, _ in encrypted.data.copies if m.topic_id_partition.partition == partition),
-                       key=lambda m: m.start_offset)
-        stored = encrypted.first_log(partition, encrypted.root).read_bytes()
-        value = encrypted.data.remote(partition)[0].value
+        metadata = encrypted.segments[partition][0]
+        stored = _first_log(encrypted, partition, encrypted.root).read_bytes()
+        value = encrypted.remote(partition)[0].value
         assert (value in stored) == (key_id is None)  # a record's value is in the plaintext segment only
         if key_id is None:
             assert len(stored) == metadata.segment_size_in_bytes
@@ -153,45 +108,43 @@ def test_the_partitions_are_stored_as_configured(encrypted):
             assert chunks >= 3 and len(stored) == metadata.segment_size_in_bytes + TAG_BYTES * chunks
 
 
-async def test_with_both_keys_every_record_is_served(kafka_cluster, encrypted):
-    data = encrypted.data
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **encrypted.settings()) as proxy:
+async def test_with_both_keys_every_record_is_served(encrypted):
+    data = encrypted
+    with data.proxy() as proxy:
         consumed = await consume_aiokafka(proxy.bootstrap_servers, data.topic, len(data.records))
-        assert in_partition_order(record_keys(consumed)) == expected_by_partition(data)
+        assert in_partition_order(record_keys(consumed)) == expected_by_partition(data.records)
         served = proxy.metrics.value("tierproxy_remote_partitions_served_total", {"topic": data.topic})
         assert served >= PARTITIONS
         assert sum(sample.value for metric in proxy.metrics.registry.collect() for sample in metric.samples
                    if sample.name == "tierproxy_tiered_storage_not_available_total") == 0
 
 
-def test_a_missing_key_is_refused_and_the_other_partitions_are_served(kafka_cluster, encrypted):
-    settings = encrypted.settings({"k2": encrypted.keys["k2"]})
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **settings) as proxy:
+def test_a_missing_key_is_refused_and_the_other_partitions_are_served(encrypted):
+    with encrypted.proxy(**_settings({"k2": encrypted.keys["k2"]})) as proxy:
         _refused_and_others_served(encrypted, proxy, 0, "EncryptionKeyNotFound", "storage")
 
 
-def test_a_wrong_key_is_refused_and_the_other_partitions_are_served(kafka_cluster, encrypted):
-    settings = encrypted.settings({"k1": encrypted.keys["impostor"], "k2": encrypted.keys["k2"]})
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **settings) as proxy:
+def test_a_wrong_key_is_refused_and_the_other_partitions_are_served(encrypted, impostor):
+    with encrypted.proxy(**_settings({"k1": impostor, "k2": encrypted.keys["k2"]})) as proxy:
         _refused_and_others_served(encrypted, proxy, 0, "WrongEncryptionKey", "storage")
 
 
-def test_tampered_ciphertext_is_refused_and_the_other_partitions_are_served(kafka_cluster, encrypted, tmp_path):
+def test_tampered_ciphertext_is_refused_and_the_other_partitions_are_served(encrypted, tmp_path):
     shutil.copytree(encrypted.root / "remote", tmp_path / "remote")
-    log = encrypted.first_log(1, tmp_path)
+    log = _first_log(encrypted, 1, tmp_path)
     stored = bytearray(log.read_bytes())
     stored[1000] ^= 0x01
     log.write_bytes(stored)
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **encrypted.settings(remote_root=tmp_path)) as proxy:
+    with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
         _refused_and_others_served(encrypted, proxy, 1, "DecryptionFailed", "corrupt")
 
 
 def test_a_chunk_moved_to_another_position_is_refused_and_the_other_partitions_are_served(
-        kafka_cluster, encrypted, tmp_path):
+        encrypted, tmp_path):
     shutil.copytree(encrypted.root / "remote", tmp_path / "remote")
-    log = encrypted.first_log(0, tmp_path)
+    log = _first_log(encrypted, 0, tmp_path)
     stored = log.read_bytes()
     step = BLOCK_BYTES + TAG_BYTES
     log.write_bytes(stored[step:2 * step] + stored[:step] + stored[2 * step:])
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **encrypted.settings(remote_root=tmp_path)) as proxy:
+    with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
         _refused_and_others_served(encrypted, proxy, 0, "DecryptionFailed", "corrupt")
