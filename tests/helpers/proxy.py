@@ -10,7 +10,7 @@ import random
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from tierproxy.config import Config, parse
@@ -120,9 +120,15 @@ async def _call(fn: Any, *args: Any) -> Any:
 
 
 @contextmanager
-def running_proxy(bootstrap: str, nodes: int = 3, **overrides: Any) -> Iterator[ProxyThread]:
-    proxy = ProxyThread(proxy_config(bootstrap, nodes, **overrides)).start()
+def running(config: Config) -> Iterator[ProxyThread]:
+    """A ProxyThread with this configuration, started, stopped on the way out."""
+    proxy = ProxyThread(config).start()
     try:
         yield proxy
     finally:
         proxy.stop()
+
+
+def running_proxy(bootstrap: str, nodes: int = 3, **overrides: Any) -> AbstractContextManager[ProxyThread]:
+    """`running(proxy_config(...))`."""
+    return running(proxy_config(bootstrap, nodes, **overrides))

@@ -19,8 +19,8 @@ import base64
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +44,7 @@ from tests.helpers.produce import (
     produce_timed,
     wait_for_markers,
 )
-from tests.helpers.proxy import ProxyThread, proxy_config
+from tests.helpers.proxy import ProxyThread, proxy_config, running
 from tests.helpers.remote_tier import read_log, tier_log
 
 RAW_FETCH_BYTES = 1 << 20
@@ -141,14 +141,9 @@ class TieredTopic:
         assert self.cluster is not None
         return proxy_config(self.cluster.bootstrap_servers, len(self.cluster.brokers), **{**self.store, **settings})
 
-    @contextmanager
-    def proxy(self, **settings: Any) -> Iterator[ProxyThread]:
+    def proxy(self, **settings: Any) -> AbstractContextManager[ProxyThread]:
         """A proxy with `proxy_config(**settings)`, running."""
-        proxy = ProxyThread(self.proxy_config(**settings)).start()
-        try:
-            yield proxy
-        finally:
-            proxy.stop()
+        return running(self.proxy_config(**settings))
 
     def storage(self) -> RemoteStorageManager:
         """A RemoteStorageManager of the test's own over the store (not started: `async with` it)."""
