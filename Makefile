@@ -11,8 +11,9 @@ export SPARK_LOCAL_IP := 127.0.0.1
 
 # Debian packages, installed with apt-get only when missing (one `apt-get update`, and
 # only then); a no-op on a machine that has them. COMMAND:PACKAGE pairs: kcat for the
-# kcat test, a Java runtime for Kafka and Spark, Maven for the Kafka jars.
-SYSTEM_PACKAGES := kcat:kcat java:openjdk-17-jre-headless mvn:maven
+# kcat test, a Java runtime for Kafka and Spark, Maven for the Kafka jars, Prometheus
+# (promtool and the server) for the tests of deploy/rules/.
+SYSTEM_PACKAGES := kcat:kcat java:openjdk-17-jre-headless mvn:maven promtool:prometheus
 
 system:
 	@missing=""; \

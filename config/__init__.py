@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
+from .addresses import parse_host_port
 from .properties import read_properties
 
 T = TypeVar("T")
@@ -104,6 +105,18 @@ class KeyFiles:
         return "ID:FILE[,ID:FILE...], distinct ids of A-Z a-z 0-9 . _ -"
 
 
+@dataclass(frozen=True)
+class HostPorts:
+    """Every item of a list is Kafka's `host:port` (or `[ipv6]:port`)."""
+
+    def __call__(self, value: tuple[str, ...]) -> None:
+        for address in value:
+            parse_host_port(address)  # its ValueError names the item and what is wrong
+
+    def __str__(self) -> str:
+        return "host:port[,host:port]"
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered not in ("true", "false"):
@@ -188,14 +201,16 @@ def _define(name: str, type_: type[T], default: Any, doc: str, group: str, **kwa
     return key
 
 
-def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None) -> None:
-    """A Kafka topic-level setting, given as `topic.<name>.<key>`."""
-    _TOPIC_KEYS[name] = ConfigKey(name, type_, None, doc, "topic", validator)
+def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None, *,
+               default: Any = None) -> None:
+    """A Kafka topic-level setting, given as `topic.<name>.<key>`; without a `default` it
+    falls back to a broker-style key (TOPIC_DEFAULTS)."""
+    _TOPIC_KEYS[name] = ConfigKey(name, type_, default, doc, "topic", validator)
 
 
 # Cluster
 BOOTSTRAP_SERVERS = _define("bootstrap.servers", tuple, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
-        "cluster")
+        "cluster", validator=HostPorts())
 
 # Security of the connections tierproxy opens itself (the pipeline, `status`, the
 # metadata topic, the proxy's own broker queries), with Kafka's client names; the
@@ -307,6 +322,27 @@ REMOTE_LOG_MANAGER_TASK_RETRY_JITTER = _define("remote.log.manager.task.retry.ji
 REMOTE_PARTITION_REMOVER_TASK_INTERVAL_MS = _define("remote.partition.remover.task.interval.ms", int, 3_600_000,
         "Interval between checks for deleted topics whose remote data must be removed.",
         "remote log manager", validator=Range(1))
+# KIP-956's quotas: Kafka's names, defaults and semantics (storage.quota).
+UNLIMITED_BYTES_PER_SECOND = 2**63 - 1  # Kafka's Long.MAX_VALUE: no quota
+REMOTE_LOG_MANAGER_COPY_MAX_BYTES_PER_SECOND = _define("remote.log.manager.copy.max.bytes.per.second", int,
+        UNLIMITED_BYTES_PER_SECOND,
+        "Bytes per second the pipeline copies to remote storage, all copy tasks of a pass together (KIP-956); "
+        "each of the Spark tasks running at once gets an equal share. A copy over the quota waits, it never "
+        "fails. The default, Long.MAX_VALUE, is no quota.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_NUM = _define("remote.log.manager.copy.quota.window.num", int, 11,
+        "Samples of the copy rate kept (10 whole windows and the current one by default).", "remote log manager",
+        validator=Range(1))
+REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.copy.quota.window.size.seconds", int, 1,
+        "Time span of one sample of the copy rate.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_MAX_BYTES_PER_SECOND = _define("remote.log.manager.fetch.max.bytes.per.second", int,
+        UNLIMITED_BYTES_PER_SECOND,
+        "Bytes per second read from remote storage for fetches (KIP-956's fetch quota). Accepted and "
+        "checked; the proxy does not apply it yet. The default, Long.MAX_VALUE, is no quota.",
+        "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_NUM = _define("remote.log.manager.fetch.quota.window.num", int, 11,
+        "Samples of the remote fetch rate kept.", "remote log manager", validator=Range(1))
+REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.fetch.quota.window.size.seconds", int, 1,
+        "Time span of one sample of the remote fetch rate.", "remote log manager", validator=Range(1))
 LOG_INDEX_INTERVAL_BYTES = _define("log.index.interval.bytes", int, 4096, "Bytes of log between two offset-index entries.",
         "remote log manager", validator=Range(0))
 
@@ -326,7 +362,15 @@ LOG_ROLL_MS = _define("log.roll.ms", int, 604_800_000,
         "A remote segment is also cut when its first batch is older than this.", "topic defaults",
         validator=Range(1))
 
-_topic_key("remote.storage.enable", bool, "Tier this topic.")
+_topic_key("remote.storage.enable", bool, "Tier this topic. Turning it off while the topic has remote data needs "
+           "remote.log.delete.on.disable=true (Kafka's rule): the pipeline then deletes the remote data.",
+           default=False)
+_topic_key("remote.log.copy.disable", bool, "Stop copying this tiered topic (KIP-950): its remote data is still "
+           "served and expires by retention.ms / retention.bytes, which local.retention.ms / .bytes must then "
+           "equal (or be -2), as Kafka requires.", default=False)
+_topic_key("remote.log.delete.on.disable", bool, "With remote.storage.enable=false: delete the topic's remote "
+           "data and its metadata at the next pass (KIP-950), after which nothing of it is served remotely.",
+           default=False)
 _topic_key("local.retention.ms", int, "Local retention; -2 means retention.ms.", Range(-2))
 _topic_key("local.retention.bytes", int, "Local retention bytes; -2 means retention.bytes.", Range(-2))
 _topic_key("retention.ms", int, "Remote retention; -1 keeps forever.", Range(-1))
@@ -423,8 +467,10 @@ TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE = _define("tiered.storage.not.available.
         "Kafka error code sent when remote data cannot be read (UNKNOWN_SERVER_ERROR -1, "
         "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
         validator=OneOf((-1, 9, 7, 56)))
-METRICS_PORT = _define("metrics.port", int, 9404, "Port of the Prometheus metrics endpoint; 0 disables it.", "proxy",
-        validator=Range(0, 65535))
+METRICS_PORT = _define("metrics.port", int, 9404,
+        "Port of the Prometheus metrics endpoint of `tierproxy serve`, and of `tierproxy tier --every` (both on "
+        "proxy.listener.host; on one machine give them different ports); 0 disables it. docs/metrics.md lists "
+        "the metrics.", "proxy", validator=Range(0, 65535))
 BROKER_CONNECTION_SETUP_TIMEOUT_MS = _define("broker.connection.setup.timeout.ms", int, 10_000,
         "How long the proxy waits for a client's upstream connection to a broker.", "proxy",
         validator=Range(1))
@@ -447,6 +493,8 @@ class TopicConfig:
 
     name: str
     remote_storage_enable: bool
+    remote_log_copy_disable: bool
+    remote_log_delete_on_disable: bool
     local_retention_ms: int
     local_retention_bytes: int
     retention_ms: int
@@ -502,15 +550,31 @@ def _format(value: Any) -> str:
 
 
 def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, Any]) -> TopicConfig:
-    settings = {"remote_storage_enable": overrides.get("remote.storage.enable", False)}
+    settings = {key.replace(".", "_"): overrides.get(key, TOPIC_KEYS[key].default)
+                for key in TOPIC_KEYS if key not in TOPIC_DEFAULTS}
     for key, default_key in TOPIC_DEFAULTS.items():
         settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
+    _check_copy_disable(name, settings)
     # Kafka's -2: local retention follows the (remote) retention.
     if settings["local_retention_ms"] == -2:
         settings["local_retention_ms"] = settings["retention_ms"]
     if settings["local_retention_bytes"] == -2:
         settings["local_retention_bytes"] = settings["retention_bytes"]
     return TopicConfig(name=name, **settings)
+
+
+def _check_copy_disable(name: str, settings: Mapping[str, Any]) -> None:
+    """Kafka's `LogConfig.validateRetentionConfigsWhenRemoteCopyDisabled`, with its messages:
+    once nothing more is copied, local retention is the whole retention (-2 says so)."""
+    if not (settings["remote_storage_enable"] and settings["remote_log_copy_disable"]):
+        return
+    for unit in ("bytes", "ms"):
+        local, total = settings[f"local_retention_{unit}"], settings[f"retention_{unit}"]
+        if local != -2 and local != total:
+            raise ConfigError(
+                f"{_TOPIC_PREFIX}{name}.remote.log.copy.disable=true: When `remote.log.copy.disable` is set to true, "
+                f"the `local.retention.{unit}` and `retention.{unit}` must be set to the identical value because "
+                "there will be no more logs copied to the remote storage.")
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -598,7 +662,13 @@ def _check_security(values: Mapping[str, Any]) -> None:
 def _suggest(name: str) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, [*KEYS, *_ALIASES], n=1)
+    candidates = [*KEYS, *_ALIASES]
+    if name.startswith(_TOPIC_PREFIX):
+        # A misspelt topic-level key: `topic.<topic>.<key>` for each way of reading the
+        # topic's name out of it (topic names may contain dots).
+        parts = name[len(_TOPIC_PREFIX):].split(".")
+        candidates = [f"{_TOPIC_PREFIX}{'.'.join(parts[:i])}.{key}" for i in range(1, len(parts)) for key in TOPIC_KEYS]
+    close = difflib.get_close_matches(name, candidates, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

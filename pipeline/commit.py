@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import (
     RemoteLogSegmentId,
@@ -32,6 +32,7 @@ from tierproxy.storage.model import (
 )
 from tierproxy.storage.rsm import RemoteStorageManager
 
+from .failures import log_failure
 from .plan import PartitionPlan
 from .remote_retention import delete_segment
 
@@ -126,12 +127,17 @@ async def commit_partition(
             await rlmm.update_remote_log_segment_metadata(
                 RemoteLogSegmentMetadataUpdate(m.segment_id, _now_ms(), S.COPY_SEGMENT_FINISHED, plan.leader_epoch))
             result.committed.append(m)
-    except (CommitError, RemoteStorageError) as e:
+    except (CommitError, RemoteStorageError, RemoteLogMetadataError) as e:
         result.error = f"{tp}: {e}"
         log.error("commit of %s stopped: %s", tp, e)
     # Winners not committed (after a failed check) are orphans like any other attempt's.
-    result.cleaned = await clean_orphans(
-        rlmm, rsm, tp, plan.leader_epoch, keep=(m.segment_id for m in result.committed))
+    try:
+        result.cleaned = await clean_orphans(
+            rlmm, rsm, tp, plan.leader_epoch, keep=(m.segment_id for m in result.committed))
+    except (RemoteStorageError, RemoteLogMetadataError) as e:
+        # Left as they are (never served); the next pass cleans them again.
+        error = f"{tp}: orphan cleanup failed: {log_failure(log, logging.ERROR, f'{tp}: orphan cleanup', e)}"
+        result.error = f"{result.error}; {error}" if result.error else error
     return result
 
 

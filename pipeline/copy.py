@@ -45,6 +45,7 @@ from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, segm
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
 from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata
+from tierproxy.storage.quota import RateQuota
 from tierproxy.storage.rsm import RemoteStorageManager
 from tierproxy.storage.segment_copy import copy_segment
 
@@ -126,6 +127,7 @@ async def copy_partition(
     work_dir: Path,
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     on_segment: Callable[[RemoteLogSegmentMetadata], None] | None = None,
+    quota: RateQuota | None = None,
 ) -> CopyResult:
     result = CopyResult(plan.topic, plan.partition)
     if plan.empty:
@@ -144,6 +146,8 @@ async def copy_partition(
         """Indexes (chained from the previous segment's producer state and leader epochs),
         metadata as COPY_SEGMENT_STARTED, the copy; then the local files go."""
         nonlocal producer_state, leader_epochs
+        if quota is not None:  # KIP-956: wait while the copy quota is exceeded, as Kafka's copy task does
+            await quota.acquire(writer.size)
         copied = await copy_segment(
             rsm, rlmm, tip, writer.path, writer.base_offset, work_dir,
             producer_state=producer_state, leader_epochs=leader_epochs, index_interval_bytes=index_interval,
@@ -263,7 +267,8 @@ def _inject_failure(rsm: RemoteStorageManager, after_objects: int) -> None:
         setattr(rsm, name, put)
 
 
-async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> CopyResult:
+async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0,
+                   quota: RateQuota | None = None) -> CopyResult:
     """One attempt at one partition: opens its own connections, storage and metadata manager."""
     scratch = Path(tempfile.mkdtemp(prefix=f"tierproxy-copy-{plan.topic}-{plan.partition}-"))
     try:
@@ -273,14 +278,15 @@ async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0) -> 
             _inject_failure(rsm, fail_after)
         async with Cluster.from_config(config) as cluster, rsm, \
                 metadata_manager(config, in_task=True, scratch_dir=str(scratch / "metadata")) as rlmm:
-            result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch)
+            result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch,
+                                          quota=quota)
         result.attempt = attempt
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def copy_task(raw_config: dict[str, str], plan: PartitionPlan) -> CopyResult:
+def copy_task(raw_config: dict[str, str], plan: PartitionPlan, quota: RateQuota | None = None) -> CopyResult:
     """The body of a Spark task: `raw_config` is `Config.raw()`, shipped from the driver."""
     attempt = 0
     try:
@@ -292,4 +298,4 @@ def copy_task(raw_config: dict[str, str], plan: PartitionPlan) -> CopyResult:
     except ImportError:  # called outside Spark
         pass
     config = parse(raw_config, source="<shipped from the driver>")
-    return asyncio.run(run_copy(config, plan, attempt=attempt))
+    return asyncio.run(run_copy(config, plan, attempt=attempt, quota=quota))

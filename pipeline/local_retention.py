@@ -39,6 +39,7 @@ from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import RemoteLogSegmentMetadata, TopicIdPartition
 
 from tierproxy.client.cluster import Cluster, ListedOffset, TopicInfo
+from .failures import log_failure, one_line
 from .retention_rule import finished_segments, retention_prefix
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,7 @@ async def apply_local_retention(
             low_watermarks = await cluster.delete_records(topics, {(name, partition): decision.new_log_start_offset})
             new_start = low_watermarks[(name, partition)]
         except Exception as e:  # one partition's failure must not stop the others
-            log.warning("local retention of %s failed: %s", tp, e, exc_info=True)
-            result.failures.append((str(tp), f"{type(e).__name__}: {e}"))
+            result.failures.append((str(tp), log_failure(log, logging.WARNING, f"local retention of {tp}", e)))
             return
         log.info("local retention of %s: log start offset %d -> %d (%s, %d segments)",
                  tp, log_start, new_start, decision.reason, len(decision.segments))
@@ -190,5 +190,5 @@ async def listed_offsets(
             out.update(await cluster.list_offsets(topics, [tp], spec))
         except Exception as e:
             log.warning("ListOffsets of %s-%d failed: %s", tp[0], tp[1], e)
-            failures.append((f"{tp[0]}-{tp[1]}", f"{type(e).__name__}: {e}"))
+            failures.append((f"{tp[0]}-{tp[1]}", one_line(e)))
     return out

@@ -38,6 +38,7 @@ from tierproxy.storage.model import (
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.client.cluster import Cluster
+from .failures import log_failure, one_line
 from .local_retention import METADATA_READY_TIMEOUT_S
 from .remote_retention import wall_clock_ms
 
@@ -106,7 +107,7 @@ async def remove_deleted_partitions(
             if rlmm.partition_delete_state(tp) == _FINISHED:
                 continue
         except Exception as e:
-            result.failures.append((str(tp), f"{type(e).__name__}: {e}"))
+            result.failures.append((str(tp), one_line(e)))
             continue
         candidates.setdefault(tp.topic, []).append(tp)
 
@@ -115,7 +116,7 @@ async def remove_deleted_partitions(
             existing = await cluster.topics([name])
         except Exception as e:  # e.g. TOPIC_AUTHORIZATION_FAILED: it may well exist
             log.warning("not removing remote data of topic %s: %s", name, e)
-            result.failures.append((name, f"{type(e).__name__}: {e}"))
+            result.failures.append((name, one_line(e)))
             return
         for tp in sorted(tps, key=lambda t: t.partition):
             if name in existing and existing[name].topic_id == tp.topic_id:
@@ -123,8 +124,8 @@ async def remove_deleted_partitions(
             try:
                 result.removed.append(await remove_partition(rlmm, rsm, tp))
             except Exception as e:  # one partition's failure must not stop the others
-                log.warning("removal of remote partition %s failed: %s", tp, e, exc_info=True)
-                result.failures.append((str(tp), f"{type(e).__name__}: {e}"))
+                error = log_failure(log, logging.WARNING, f"removal of remote partition {tp}", e)
+                result.failures.append((str(tp), error))
 
     await asyncio.gather(*(remove_topic(name, tps) for name, tps in candidates.items()))
     result.removed.sort(key=lambda r: (r.topic_id_partition.topic, r.topic_id_partition.partition))

@@ -10,6 +10,10 @@ the copy range is [max(Ry + 1, Lx), Ly). Data at or above Ly is never copied: it
 belong to an open transaction, like the broker's active segment. When Ry + 1 < Lx the broker
 dropped data that never reached remote storage: a gap, reported loudly, and copying resumes
 at Lx.
+
+A topic with `remote.log.copy.disable=true` (KIP-950) is planned with an empty range: its
+remote data is still served and expired, nothing new is copied, and data the broker drops
+by its own retention (local retention equals retention then, as Kafka requires) is no gap.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class PartitionPlan:
     end_offset: int  # exclusive: Ly
     segment_bytes: int
     segment_ms: int
+    copy_disabled: bool = False  # remote.log.copy.disable: nothing is copied
     # The FINISHED segment ending at start_offset - 1 (serde bytes), whose producer snapshot
     # and leader-epoch checkpoint carry over into the first segment copied now.
     previous_segment: bytes | None = None
@@ -55,8 +60,9 @@ class PartitionPlan:
     @property
     def gap(self) -> bool:
         """Data between the remote end and the local log start was lost before it was tiered."""
-        expected = 0 if self.remote_log_end_offset is None else self.remote_log_end_offset + 1
-        return self.remote_log_end_offset is not None and self.local_log_start_offset > expected
+        if self.copy_disabled or self.remote_log_end_offset is None:
+            return False
+        return self.local_log_start_offset > self.remote_log_end_offset + 1
 
     @property
     def empty(self) -> bool:
@@ -96,6 +102,8 @@ async def plan_pass(
         await rlmm.wait_until_ready(tip, metadata_timeout_s)
         remote_end = rlmm.log_end_offset(tip)
         start, end = copy_range(earliest[(name, p)].offset, stable[(name, p)].offset, remote_end)
+        if settings.remote_log_copy_disable:
+            end = start
         plan = PartitionPlan(
             topic=name,
             topic_id=info.topic_id,
@@ -108,6 +116,7 @@ async def plan_pass(
             end_offset=end,
             segment_bytes=settings.segment_bytes,
             segment_ms=settings.segment_ms,
+            copy_disabled=settings.remote_log_copy_disable,
             previous_segment=_previous_segment(rlmm, tip, start),
         )
         if plan.gap:

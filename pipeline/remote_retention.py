@@ -33,6 +33,7 @@ from tierproxy.storage.model import (
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.client.cluster import TopicInfo
+from .failures import log_failure
 from .local_retention import METADATA_READY_TIMEOUT_S
 from .retention_rule import finished_segments, retention_prefix
 
@@ -117,8 +118,7 @@ async def apply_remote_retention(
                     now_ms=now_ms, leader_epoch=info.partitions[partition].leader_epoch,
                 )
             except Exception as e:  # one partition's failure must not stop the others
-                log.warning("remote retention of %s failed: %s", tp, e, exc_info=True)
-                result.failures.append((str(tp), f"{type(e).__name__}: {e}"))
+                result.failures.append((str(tp), log_failure(log, logging.WARNING, f"remote retention of {tp}", e)))
                 return
         if expiry is not None:
             result.expired.append(expiry)

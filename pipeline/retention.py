@@ -22,6 +22,7 @@ from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.client.cluster import Cluster
+from .failures import log_failure
 from .local_retention import LocalTrim, apply_local_retention
 from .partition_remover import PartitionRemoval, remove_deleted_partitions
 from .remote_retention import RemoteExpiry, apply_remote_retention
@@ -132,8 +133,7 @@ async def run_retention(
 
 
 def _step_failed(step: str, error: Exception) -> RetentionFailure:
-    log.warning("%s failed: %s", step, error, exc_info=error)
-    return RetentionFailure(step, "*", f"{type(error).__name__}: {error}")
+    return RetentionFailure(step, "*", log_failure(log, logging.WARNING, step, error))
 
 
 def _partition_failures(step: str, failures: list[tuple[str, str]]) -> list[RetentionFailure]:

@@ -64,3 +64,11 @@ def max_task_attempts(spark) -> int:
         parts = inside.split(",")
         return int(parts[1]) if len(parts) == 2 else 1
     return int(conf.get("spark.task.maxFailures", "4"))
+
+
+def task_slots(spark) -> int:
+    """How many tasks Spark runs at once: its default parallelism (local[N]: N; a cluster:
+    its executors' cores, unless spark.default.parallelism says otherwise) over
+    spark.task.cpus."""
+    sc = spark.sparkContext
+    return max(1, sc.defaultParallelism // int(sc.getConf().get("spark.task.cpus", "1")))

@@ -10,21 +10,31 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    summary, and copying resumes at the local start. Nothing at or above the last stable
    offset is ever copied.
 2. Clean leftovers of earlier passes: every COPY_SEGMENT_STARTED segment of a planned
-   partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`).
+   partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
+   partition whose cleanup fails (its store fails) copies nothing in this pass.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
    parallel across executors. A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
    segment id, uploads it, and returns the metadata. It never marks anything FINISHED.
    A task that keeps failing up to its last allowed attempt returns its error instead of
-   failing the job, so the other partitions' work is still committed.
+   failing the job, so the other partitions' work is still committed. With
+   `remote.log.manager.copy.max.bytes.per.second` (KIP-956) each task running at once gets
+   an equal share of the quota and waits before a segment while its share is exceeded
+   (`storage.quota`, Kafka's rate semantics).
 4. Commit on the driver (`pipeline.commit`), exactly one winner per range: the segments of
    the one successful attempt `collect()` returns are verified in remote storage and moved
    to COPY_SEGMENT_FINISHED in offset order, each only if it starts at the remote end + 1.
    Every other STARTED segment (failed attempts, speculative duplicates) is deleted through
    DELETE_SEGMENT_STARTED -> objects deleted -> DELETE_SEGMENT_FINISHED.
 5. Retention (`tierproxy.pipeline.retention.run_retention`): DeleteRecords on the broker over data now
-   FINISHED remotely, remote expiry, removal of deleted topics' partitions.
-6. A summary table: partitions, segments, bytes, MB/s, trimmed, expired.
+   FINISHED remotely, remote expiry, removal of deleted topics' partitions; then the
+   remote data of topics whose remote storage was turned off (KIP-950,
+   `pipeline.remote_storage_disable`): deleted with `remote.log.delete.on.disable=true`,
+   else refused with Kafka's message.
+6. A summary on stdout: a table of partitions, segments, bytes, MB/s, trimmed, expired
+   (or one JSON document with `--json`). A failing cluster, store or metadata manager
+   ends the pass with one line in the summary and the log, never a traceback, and the
+   summary still shows what was done before.
 
 One pipeline at a time: a pass holds an exclusive `flock` on
 `<remote.log.metadata.dir>/tier.lock`, and a second pass fails at once (`PipelineBusy`).
@@ -38,7 +48,8 @@ The file metadata backend is written by the driver and the tasks at once (shared
 one flock per append), so with it the executors must see the driver's
 `remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
 
-`--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default).
+`--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default),
+and `pipeline.metrics` on `metrics.port` says how they went.
 A failed pass is logged and retried after Kafka's exponential backoff (`storage.backoff`):
 `remote.log.manager.task.retry.backoff.ms`, doubling up to `...retry.backoff.max.ms`, with
 `...retry.jitter` (never later than the interval). SIGINT and SIGTERM stop
@@ -51,6 +62,7 @@ import asyncio
 import contextlib
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -63,15 +75,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tierproxy.client.cluster import Cluster
 from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR
 from tierproxy.config.tables import text_table
 from tierproxy.storage.backoff import ExponentialBackoff
+from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
-from tierproxy.client.cluster import Cluster
-from .commit import CommitResult, clean_orphans, commit_partition
+from .commit import CommitResult, clean_orphans, commit_partition, refresh
 from .copy import CopyResult, copy_task, metadata_manager
+from .failures import log_failure, one_line
+from .metrics import PipelineMetrics
 from .plan import PartitionPlan, plan_pass
+from .remote_log_stats import RemoteLogStats, remote_log_stats
+from .remote_storage_disable import RemoteStorageDisableResult, apply_remote_storage_disable
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +124,13 @@ class PartitionSummary:
     pending_bytes: int = 0
     cleaned: int = 0
     error: str | None = None
+    throttle_waits: list[float] = field(default_factory=list)  # seconds each copy waited for the quota
+    uploaded: int = 0  # segments the copy task uploaded (committed or not)
+    copy_failed: bool = False
+    cleanup_failed: bool = False  # deleting orphans of earlier passes failed
+    # (bytes, segments) the pass found to copy: complete segments below the last stable
+    # offset not yet remote; None when it could not tell (the copy failed)
+    copy_lag: tuple[int, int] | None = (0, 0)
 
     @property
     def name(self) -> str:
@@ -118,6 +143,9 @@ class PassReport:
     copy_seconds: float = 0.0
     seconds: float = 0.0
     retention: Any = None  # pipeline.retention.RetentionReport, when that step ran
+    disabled: RemoteStorageDisableResult = field(default_factory=RemoteStorageDisableResult)
+    remote_logs: dict[str, RemoteLogStats] = field(default_factory=dict)  # by partition, after the pass
+    error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
 
     @property
     def segments(self) -> int:
@@ -137,9 +165,12 @@ class PassReport:
 
     @property
     def errors(self) -> list[str]:
-        errors = [f"{p.name}: {p.error}" for p in self.partitions if p.error]
+        errors = [f"pass: {self.error}"] if self.error else []
+        errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
         failures = getattr(self.retention, "failures", None) or []
-        return errors + [f"{f.step} {f.partition}: {f.error}" for f in failures]
+        errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
+        errors += [error for _, error in self.disabled.refused]
+        return errors + [f"remote storage disable {tp}: {error}" for tp, error in self.disabled.failures]
 
     @property
     def ok(self) -> bool:
@@ -149,13 +180,23 @@ class PassReport:
 # ----------------------------------------------------------------------------- the Spark job
 
 
-def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
-    """The function Spark runs per plan. On the last allowed attempt an error is returned
-    (and committed as nothing) instead of failing the whole job."""
+@dataclass(slots=True)
+class TaskOutcome:
+    """What a copy task hands back: its copy, and each wait of the copy quota (seconds)."""
 
-    def run(plan: PartitionPlan) -> CopyResult:
+    result: CopyResult
+    throttle_waits: list[float] = field(default_factory=list)
+
+
+def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any, quota: QuotaSettings):
+    """The function Spark runs per plan. On the last allowed attempt an error is returned
+    (and committed as nothing) instead of failing the whole job. `quota` is this task's
+    share of the copy quota."""
+
+    def run(plan: PartitionPlan) -> TaskOutcome:
+        throttle = RateQuota(quota) if quota.enabled else None
         try:
-            result = copy_task(raw_config, plan)
+            result = copy_task(raw_config, plan, throttle)
         except Exception as e:
             from pyspark import TaskContext
 
@@ -163,21 +204,32 @@ def _task(raw_config: dict[str, str], max_attempts: int, accumulator: Any):
             attempt = context.attemptNumber() if context is not None else 0
             if attempt + 1 < max_attempts:
                 raise  # Spark runs it again
-            result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=f"{type(e).__name__}: {e}")
+            result = CopyResult(plan.topic, plan.partition, attempt=attempt, error=one_line(e))
         accumulator.add({f"{plan.topic}-{plan.partition}": (result.bytes_copied, len(result.segments))})
-        return result
+        return TaskOutcome(result, throttle.waits if throttle is not None else [])
 
     return run
 
 
-def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[CopyResult]:
+def copy_quota_share(config: Config, spark: Any, tasks: int) -> QuotaSettings:
+    """Each task's share of `remote.log.manager.copy.max.bytes.per.second`: the quota over
+    the tasks that run at once, as the proxy's workers share its bounds. Spark runs each
+    task in its own Python worker, so a task cannot lend its unused share to another; when
+    fewer tasks than slots are left, the pass copies below the quota, never above it."""
+    from .spark import task_slots
+
+    return copy_quota_settings(config).share(min(tasks, task_slots(spark)))
+
+
+def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[TaskOutcome]:
     from .progress import CopyProgress
     from .spark import max_task_attempts
 
     sc = spark.sparkContext
     group = f"tierproxy-tier-{uuid.uuid4().hex[:8]}"
     progress = CopyProgress(spark, group, len(plans), stream=stream)
-    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator)
+    task = _task(config.raw(), max_task_attempts(spark), progress.accumulator,
+                 copy_quota_share(config, spark, len(plans)))
     outcome: dict[str, Any] = {}
 
     def job() -> None:
@@ -213,37 +265,56 @@ def _retention_step():
     return run_retention
 
 
-async def _pass(config: Config, spark: Any, stream: TextIO, *, retention: bool) -> PassReport:
-    started = time.monotonic()
-    report = PassReport()
+async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool) -> None:
+    """Fills `report` as it goes, so that what was done is reported when a step fails."""
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm:
         plans = await plan_pass(config, cluster, rlmm)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())
         for p in plans:
-            summaries[(p.topic, p.partition)].cleaned += len(
-                await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
+            summary = summaries[(p.topic, p.partition)]
+            try:
+                summary.cleaned += len(await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
+            except (RemoteStorageError, RemoteLogMetadataError) as e:
+                # The orphans stay (never served) for the next pass; this partition copies
+                # nothing now, as its store just failed.
+                error = log_failure(log, logging.ERROR, f"{summary.name}: orphan cleanup", e)
+                summary.error = f"orphan cleanup failed: {error}"
+                summary.cleanup_failed, summary.copy_lag = True, None
 
-        to_copy = [p for p in plans if not p.empty]
+        to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
         if to_copy:
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
             copy_started = time.monotonic()
-            results = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
+            outcomes = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
             report.copy_seconds = time.monotonic() - copy_started
-            by_partition = {(r.topic, r.partition): r for r in results}
+            by_partition = {(o.result.topic, o.result.partition): o for o in outcomes}
             for p in to_copy:
                 summary = summaries[(p.topic, p.partition)]
-                result = by_partition[(p.topic, p.partition)]
+                outcome = by_partition[(p.topic, p.partition)]
+                result = outcome.result
+                summary.throttle_waits = outcome.throttle_waits
                 commit = await commit_partition(rlmm, rsm, p, [] if result.error else result.metadata())
                 _record(summary, result, commit, result.error)
 
         run_retention = _retention_step() if retention else None
         if run_retention is not None:
             report.retention = await run_retention(config, cluster, rlmm, rsm, now_ms=int(time.time() * 1000))
-    report.seconds = time.monotonic() - started
-    return report
+        if retention:
+            try:
+                report.disabled = await apply_remote_storage_disable(config, cluster, rlmm, rsm)
+            except Exception as e:
+                report.disabled.failures.append(("*", log_failure(log, logging.WARNING, "remote storage disable", e)))
+
+        await refresh(rlmm)
+        now_ms = int(time.time() * 1000)
+        report.remote_logs = {
+            f"{p.topic}-{p.partition}": remote_log_stats(rlmm.list_segments(p.topic_id_partition),
+                                                        config.topic(p.topic), now_ms)
+            for p in plans
+        }
 
 
 def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
@@ -252,16 +323,29 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
     summary.pending_bytes = result.pending_bytes
     summary.cleaned += len(commit.cleaned)
     summary.error = error or commit.error
+    summary.uploaded = len(result.segments)
+    summary.copy_failed = summary.error is not None
+    summary.copy_lag = None if error else (result.bytes_copied, len(result.segments))
 
 
 def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
-             summary: bool = True) -> PassReport:
-    """One pass under the pipeline's lock; prints progress and the summary to `stream` (stderr)."""
+             summary: bool = True, output: TextIO | None = None, as_json: bool = False) -> PassReport:
+    """One pass under the pipeline's lock. Progress goes to `stream` (stderr), the summary
+    to `output` (stdout): a table, or with `as_json` one JSON document on one line. A
+    failure of the cluster, the store or the metadata ends the pass with its report
+    (`error` set), never an exception; only PipelineBusy is raised."""
     stream = stream if stream is not None else sys.stderr
+    report = PassReport()
+    started = time.monotonic()
     with pipeline_lock(config):
-        report = asyncio.run(_pass(config, spark, stream, retention=retention))
+        try:
+            asyncio.run(_pass(config, spark, stream, report, retention=retention))
+        except Exception as e:
+            report.error = log_failure(log, logging.ERROR, "tiering pass", e)
+    report.seconds = time.monotonic() - started
     if summary:
-        print(format_summary(report), file=stream, flush=True)
+        text = json.dumps(summary_json(report), separators=(",", ":")) if as_json else format_summary(report)
+        print(text, file=output if output is not None else sys.stdout, flush=True)
     return report
 
 
@@ -275,7 +359,7 @@ def format_summary(report: PassReport) -> str:
     rows = []
     for p in report.partitions:
         t, e = trimmed.get(p.name), expired.get(p.name)
-        note = "GAP: data lost before tiering" if p.plan.gap else ""
+        note = "GAP: data lost before tiering" if p.plan.gap else "copy disabled" if p.plan.copy_disabled else ""
         if p.error:
             note = (note + "; " if note else "") + f"ERROR {p.error}"
         copied = f"[{p.plan.start_offset}, {p.plan.end_offset})" if not p.plan.empty else "-"
@@ -292,16 +376,44 @@ def format_summary(report: PassReport) -> str:
     removed = getattr(report.retention, "removed", None) or []
     if removed:
         lines.append(f"removed partitions of deleted topics: {', '.join(str(r.topic_id_partition) for r in removed)}")
+    if report.disabled.removed:
+        lines.append("remote data deleted, remote storage turned off (remote.log.delete.on.disable): "
+                     + ", ".join(f"{r.topic_id_partition} ({r.segments} segments)" for r in report.disabled.removed))
     for error in report.errors:
         lines.append(f"ERROR {error}")
     return "\n".join(lines)
+
+
+def summary_json(report: PassReport) -> dict[str, Any]:
+    """The summary as data: what `tierproxy tier --json` prints, one document per pass."""
+    trimmed = {str(t.topic_id_partition): t for t in getattr(report.retention, "trimmed", None) or []}
+    expired = {str(e.topic_id_partition): e for e in getattr(report.retention, "expired", None) or []}
+    partitions = []
+    for p in report.partitions:
+        t, e = trimmed.get(p.name), expired.get(p.name)
+        partitions.append({
+            "topic": p.plan.topic, "partition": p.plan.partition,
+            "copied_range": None if p.plan.empty else [p.plan.start_offset, p.plan.end_offset],
+            "segments": p.segments, "bytes": p.bytes, "waiting_bytes": p.pending_bytes, "orphans_cleaned": p.cleaned,
+            "trimmed_to": t.new_log_start_offset if t else None, "expired_segments": e.segments if e else 0,
+            "gap": p.plan.gap, "copy_disabled": p.plan.copy_disabled, "error": p.error,
+        })
+    removed = getattr(report.retention, "removed", None) or []
+    return {
+        "ok": report.ok, "seconds": round(report.seconds, 3), "copy_seconds": round(report.copy_seconds, 3),
+        "segments": report.segments, "bytes": report.bytes, "partitions": partitions,
+        "removed_partitions": [str(r.topic_id_partition) for r in removed],
+        "remote_storage_disabled": [str(r.topic_id_partition) for r in report.disabled.removed],
+        "errors": report.errors,
+    }
 
 
 # ----------------------------------------------------------------------------- --every
 
 
 def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | None = None,
-              stop: threading.Event | None = None, max_passes: int | None = None) -> int:
+              stop: threading.Event | None = None, max_passes: int | None = None, output: TextIO | None = None,
+              as_json: bool = False, metrics: PipelineMetrics | None = None) -> int:
     """Passes until SIGINT/SIGTERM (or `stop`, or `max_passes`); returns how many failed in a row at the end."""
     stop = stop or threading.Event()
     previous = {}
@@ -313,13 +425,19 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
     try:
         while not stop.is_set():
             passes += 1
+            started = time.monotonic()
             try:
-                report = run_pass(config, spark, stream=stream)
+                report = run_pass(config, spark, stream=stream, output=output, as_json=as_json)
                 failures = 0 if report.ok else failures + 1
+                if metrics is not None:
+                    metrics.record(report)
             except Exception as e:
                 failures += 1
-                # Expected failures (busy, unreachable, refused) are one line; anything else gets its traceback.
-                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, ConnectionError)))
+                if metrics is not None:
+                    metrics.pass_failed(time.monotonic() - started)
+                # Expected failures (busy, a lock file that cannot be made) are one line;
+                # anything else gets its traceback.
+                log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:
                 break
             wait_ms = interval_ms if failures == 0 else min(interval_ms, backoff.backoff_ms(failures - 1))

@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tierproxy.config.metrics import metrics_endpoint, register_build_info
 from tierproxy.protocol.apis import ApiKey
 
 __all__ = ("ProxyMetrics", "api_name", "metrics_endpoint")
-
-
-def metrics_endpoint(host: str, port: int, registry: CollectorRegistry):  # type: ignore[no-untyped-def]
-    """The Prometheus HTTP endpoint (its server, to shut down), or OSError naming the address."""
-    from prometheus_client import start_http_server
-
-    try:
-        http, _ = start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot open the metrics endpoint on {host}:{port}: {e.strerror}") from e
-    return http
 
 
 def api_name(api_key: int) -> str:
@@ -38,6 +28,7 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.build_info = register_build_info(self.registry)
         self.connections_active = Gauge(
             "tierproxy_connections_active", "Client connections open now, by listener.",
             ["listener"], registry=self.registry, multiprocess_mode="livesum")

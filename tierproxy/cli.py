@@ -4,15 +4,17 @@ example, the proxy never pulls in pyspark."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from importlib.metadata import PackageNotFoundError, version
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
 
 
 def _version() -> str:
-    try:
-        return version("tierproxy")
-    except PackageNotFoundError:  # running from a source tree that was not installed
-        return "unknown"
+    from tierproxy.config.metrics import tierproxy_version
+
+    return tierproxy_version()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,24 @@ def _lazy(module: str, function: str = "run", extra: str | None = None):
     return run
 
 
+def _log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default, metavar="LEVEL",
+                        help=f"log messages of this level and above to stderr: {', '.join(LOG_LEVELS)} "
+                             f"(default {default})")
+
+
+def log_format(args: argparse.Namespace) -> str:
+    """A proxy worker's lines name the worker."""
+    worker = getattr(args, "worker_of", None) is not None
+    return LOG_FORMAT.format(who=f"worker-{args.worker_index} " if worker else "")
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """One stderr handler, the root logger at `--log-level`."""
+    logging.basicConfig(format=log_format(args), stream=sys.stderr)
+    logging.getLogger().setLevel(args.log_level)
+
+
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="the .properties file")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -85,6 +105,7 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_status(commands) -> None:
     status = commands.add_parser("status", help="offsets of the tiered partitions and whether they are safe")
     _config_arguments(status)
+    _log_level(status, "WARNING")
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long to wait for the remote log metadata to load")
@@ -94,14 +115,23 @@ def _add_status(commands) -> None:
 def _add_config(commands) -> None:
     config = commands.add_parser("config", help="check a configuration file, or print its reference")
     actions = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    _config_arguments(actions.add_parser("check", help="validate a file and print the effective configuration"))
-    actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations")
+    check = actions.add_parser("check", help="validate a file and print the effective configuration")
+    _config_arguments(check)
+    check.add_argument("--connect", action="store_true",
+                       help="also try the brokers (a Metadata round trip, with the configured security) "
+                            "and the object store (the bucket or directory); one line each")
+    _log_level(check, "WARNING")
+    _log_level(actions.add_parser("docs", help="print docs/configuration.md, generated from the declarations"),
+               "WARNING")
+    _log_level(actions.add_parser("metrics", help="print docs/metrics.md, generated from the metric declarations"),
+               "WARNING")
     config.set_defaults(run=_lazy("tierproxy.config_check"))
 
 
 def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="run the proxy until SIGTERM or SIGINT")
     _config_arguments(serve)
+    _log_level(serve, "INFO")
     # How the supervisor of several workers (proxy.workers) starts each of them.
     serve.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
@@ -111,6 +141,9 @@ def _add_serve(commands) -> None:
 def _add_tier(commands) -> None:
     tier = commands.add_parser("tier", help="copy tiered partitions to remote storage (a Spark job), then retention")
     _config_arguments(tier)
+    _log_level(tier, "INFO")
+    tier.add_argument("--json", action="store_true",
+                      help="the summary of each pass as one JSON document on stdout (one line per pass)")
     tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")
@@ -123,6 +156,7 @@ def _add_loadtest(commands) -> None:
     from .loadtest import add_arguments  # confluent-kafka is imported only when the test runs
 
     add_arguments(loadtest)
+    _log_level(loadtest, "WARNING")
     loadtest.set_defaults(run=_lazy("tierproxy.loadtest", extra="loadtest"))
 
 
@@ -132,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    configure_logging(args)
     return args.run(args)
 
 

@@ -4,7 +4,8 @@
 every key's effective value and where it came from: the file, an override, or the
 default. Secrets are masked; encryption keys show as their ids and files, and their
 files are read to check them, never shown. A bad file exits 2 with the message naming
-the key.
+the key. With `--connect` it then tries the brokers and the object store, one line each,
+and exits 1 when either cannot be reached.
 
 `docs` writes docs/configuration.md from the declarations in config/__init__.py, so the
 reference can never drift from what `parse` accepts:
@@ -41,6 +42,7 @@ from tierproxy.config.tables import text_table
 from tierproxy.storage.encryption import KeyRing
 
 EXIT_OK = 0
+EXIT_UNREACHABLE = 1  # valid, but --connect could not reach the brokers or the store
 EXIT_INVALID = 2
 REGENERATE = "tierproxy config docs > docs/configuration.md"
 
@@ -103,7 +105,7 @@ def format_rows(rows: Iterable[tuple[str, str, str]]) -> str:
     return "\n".join(text_table([("KEY", "VALUE", "SOURCE"), *rows]))
 
 
-def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO) -> int:
+def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO, *, connect: bool = False) -> int:
     overrides = list(overrides)
     try:
         config = load(path, overrides)
@@ -117,7 +119,22 @@ def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO) 
     tiered = ", ".join(t.name for t in config.tiered_topics) or "none"
     print(f"# {config.source}: valid; tiered topics: {tiered}", file=out)
     print(format_rows(rows), file=out)
-    return EXIT_OK
+    return connect_check(config, out) if connect else EXIT_OK
+
+
+def connect_check(config: Config, out: TextIO) -> int:
+    """One line for the brokers and one for the object store: `ok`, or what is wrong."""
+    import asyncio
+
+    from .probes import brokers_name, probe_brokers, probe_store, store_name
+
+    async def both() -> tuple[str | None, str | None]:
+        return await asyncio.gather(probe_brokers(config), probe_store(config))
+
+    brokers, store = asyncio.run(both())
+    for name, problem in ((brokers_name(config), brokers), (store_name(config), store)):
+        print(f"{name}: {problem or 'ok'}", file=out)
+    return EXIT_UNREACHABLE if brokers or store else EXIT_OK
 
 
 # --------------------------------------------------------------------------- docs
@@ -206,7 +223,7 @@ def generate_docs() -> str:
         "|---|---|---|---|---|",
     ]
     for name, key in TOPIC_KEYS.items():
-        fallback = f"`{TOPIC_FALLBACKS[name]}`" if name in TOPIC_FALLBACKS else "(not tiered: `false`)"
+        fallback = f"`{TOPIC_FALLBACKS[name]}`" if name in TOPIC_FALLBACKS else f"(default `{show(key.default)}`)"
         lines.append(f"| `{name}` | {key.type_name} | {fallback} | {_valid(key)} | {_cell(key.doc)} |")
     lines.append("")
     return "\n".join(lines)
@@ -219,7 +236,12 @@ def run(args: argparse.Namespace) -> int:
     if args.config_command == "docs":
         sys.stdout.write(generate_docs())
         return EXIT_OK
-    return check(args.config, args.override, sys.stdout, sys.stderr)
+    if args.config_command == "metrics":
+        from .metrics_docs import generate_metrics_docs
+
+        sys.stdout.write(generate_metrics_docs())
+        return EXIT_OK
+    return check(args.config, args.override, sys.stdout, sys.stderr, connect=args.connect)
 
 
 def main(argv: list[str] | None = None) -> int:

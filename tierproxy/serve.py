@@ -1,11 +1,12 @@
 """`tierproxy serve`: run the proxy on uvloop until SIGTERM or SIGINT.
 
 Start-up fails with a message naming the key when the configuration is wrong, or
-naming the address when a listener cannot be opened. On a signal the listeners
-close, every client connection is closed, the interceptors are stopped and the
-command exits 0. With `proxy.workers` above 1 (0, the default, is one per core) the
-command supervises that many worker processes (proxy/workers.py), each of them this
-same command with `--worker-of`.
+naming the address when a listener cannot be opened. An object store that cannot be
+reached at start is one WARNING line naming it and the error, and the proxy starts
+anyway. On a signal the listeners close, every client connection is closed, the
+interceptors are stopped and the command exits 0. With `proxy.workers` above 1 (0, the
+default, is one per core) the command supervises that many worker processes
+(proxy/workers.py), each of them this same command with `--worker-of`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,12 @@ from aiokafka.errors import KafkaError
 
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
-from tierproxy.config import ConfigError, load
+from tierproxy.config import Config, ConfigError, load
 from tierproxy.storage.errors import RemoteLogMetadataError
-
-LOG_FORMAT = "%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
 
 
 def run(args: argparse.Namespace) -> int:
     worker = args.worker_of is not None
-    who = f"worker-{args.worker_index} " if worker else ""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who=who), stream=sys.stderr)
     try:
         config = load(args.config, args.override)
     except ConfigError as e:
@@ -50,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         except ConnectionError as e:
             logging.getLogger("tierproxy").warning("no broker answered yet: %s", e)
+        _check_store(config)
     try:
         count = 1 if worker else worker_count(config)
         if count > 1:
@@ -61,8 +59,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_store(config: Config) -> None:
+    """One WARNING line when the object store cannot be reached now; the proxy starts
+    anyway (remote partitions get TIERED_STORAGE_NOT_AVAILABLE until it is back)."""
+    import uvloop
+
+    from .probes import probe_store, store_name
+
+    problem = uvloop.run(probe_store(config))
+    if problem is not None:
+        logging.getLogger("tierproxy").warning("%s cannot be reached: %s", store_name(config), problem)
+
+
 def _config_arguments(args: argparse.Namespace) -> list[str]:
-    out = ["--config", str(args.config)] if args.config is not None else []
+    """What each worker is started with: the same file, overrides and log level."""
+    out = ["--log-level", args.log_level]
+    out += ["--config", str(args.config)] if args.config is not None else []
     for override in args.override:
         out += ["--override", override]
     return out

@@ -1,5 +1,11 @@
 """`tierproxy tier`: one tiering pass, or `--every INTERVAL` until SIGINT/SIGTERM.
 
+With `--every`, the pipeline's metrics are served on `metrics.port` (on
+`proxy.listener.host`; 0 turns them off). The summary of each pass goes to stdout (a
+table, or one JSON document per line with `--json`); progress and log lines to stderr.
+A failure of the cluster, the object store or the metadata is one line in the summary
+and the log, never a traceback.
+
 Exit status: 0 when the (last) pass succeeded, 1 when it failed or reported errors,
 2 for a configuration error.
 """
@@ -12,12 +18,15 @@ import logging
 import re
 import sys
 
-from aiokafka.errors import KafkaError
-
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
-from tierproxy.config import ConfigError, load, REMOTE_LOG_MANAGER_TASK_INTERVAL_MS
-from tierproxy.storage.errors import RemoteLogMetadataError
+from tierproxy.config import (
+    METRICS_PORT,
+    PROXY_LISTENER_HOST,
+    REMOTE_LOG_MANAGER_TASK_INTERVAL_MS,
+    ConfigError,
+    load,
+)
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
@@ -32,9 +41,7 @@ def parse_interval_ms(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
     interval_ms = None
     try:
         config = load(args.config, args.override)
@@ -56,16 +63,29 @@ def run(args: argparse.Namespace) -> int:
     from tierproxy.pipeline.spark import spark_session
     from tierproxy.pipeline.tier import PipelineBusy, run_every, run_pass
 
+    metrics = http = None
+    if interval_ms is not None and config[METRICS_PORT]:
+        from tierproxy.config.metrics import metrics_endpoint
+        from tierproxy.pipeline.metrics import PipelineMetrics
+
+        metrics = PipelineMetrics()
+        try:
+            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
+        except OSError as e:
+            print(f"tierproxy tier: {e} (metrics.port; 0 turns the endpoint off)", file=sys.stderr)
+            return 2
     spark = spark_session(config)
     try:
         if interval_ms is not None:
-            return 1 if run_every(config, spark, interval_ms) else 0
+            return 1 if run_every(config, spark, interval_ms, as_json=args.json, metrics=metrics) else 0
         try:
-            return 0 if run_pass(config, spark).ok else 1
-        except (PipelineBusy, ConnectionError, KafkaError, RemoteLogMetadataError) as e:
-            # The cluster or the metadata store cannot be reached as configured: the
-            # message names the broker and the key to fix; a traceback adds nothing.
+            return 0 if run_pass(config, spark, as_json=args.json).ok else 1
+        except (PipelineBusy, OSError) as e:
+            # Another pipeline holds the lock, or the lock file cannot be made: one line.
             print(f"tierproxy tier: {e}", file=sys.stderr)
             return 1
     finally:
         spark.stop()
+        if http is not None:
+            http.shutdown()
+            http.server_close()

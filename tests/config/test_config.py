@@ -57,11 +57,40 @@ def test_topic_overrides_and_kafka_defaults():
         ({**BASE, "topic.t.retention.ms": "-7"}, "topic.t.retention.ms"),
         ({**BASE, "remote.log.storage.backend": "s3"}, "remote.log.storage.s3.bucket is required"),
         ({**BASE, "tiered.storage.not.available.error.code": "3"}, "must be one of -1, 9, 7, 56"),
+        ({"bootstrap.servers": "127.0.0.1"}, "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port"),
+        ({"bootstrap.servers": "k:9092,k2:port"}, "'k2:port' is not host:port: the port must be a number"),
+        ({"bootstrap.servers": "[::1"}, "no ']' after the IPv6 address"),
+        ({**BASE, "topic.orders.local.retension.ms": "1"},
+         "topic.orders.local.retension.ms: unknown configuration key (did you mean topic.orders.local.retention.ms"),
+        ({**BASE, "topic.orders.v1.remote.storage.enabel": "true"},
+         "did you mean topic.orders.v1.remote.storage.enable"),
+        ({**BASE, "remote.log.manager.copy.max.bytes.per.second": "0"}, "must be >= 1"),
     ],
 )
 def test_bad_configuration_names_the_key(properties, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         parse(properties)
+
+
+def test_kip_950_topic_keys_and_kafkas_rule_for_copy_disable():
+    tiered = {**BASE, "topic.o.remote.storage.enable": "true"}
+    topic = parse(tiered).topic("o")
+    assert not topic.remote_log_copy_disable and not topic.remote_log_delete_on_disable
+    # -2 (the default) is local retention = retention: accepted, as Kafka accepts it.
+    assert parse({**tiered, "topic.o.remote.log.copy.disable": "true"}).topic("o").remote_log_copy_disable
+    with pytest.raises(ConfigError, match="topic.o.remote.log.copy.disable=true: When `remote.log.copy.disable` is set "
+                                          "to true, the `local.retention.bytes` and `retention.bytes` must be set"):
+        parse({**tiered, "topic.o.remote.log.copy.disable": "true", "log.local.retention.bytes": "10"})
+    assert parse({**tiered, "topic.o.remote.log.copy.disable": "true", "topic.o.local.retention.ms": "5",
+                  "topic.o.retention.ms": "5"}).topic("o").local_retention_ms == 5
+    # Not tiered: Kafka does not check it.
+    parse({**BASE, "topic.o.remote.log.copy.disable": "true", "topic.o.local.retention.ms": "5"})
+    assert parse({**BASE, "topic.o.remote.log.delete.on.disable": "true"}).topic("o").remote_log_delete_on_disable
+
+
+def test_host_port_lists_kafka_accepts():
+    config = parse({"bootstrap.servers": "a:9092, [::1]:9093,10.0.0.1:1"})
+    assert config["bootstrap.servers"] == ("a:9092", "[::1]:9093", "10.0.0.1:1")
 
 
 def test_load_a_properties_file_with_overrides(tmp_path: Path):

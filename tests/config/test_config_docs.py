@@ -102,6 +102,9 @@ def test_check_prints_effective_values_with_their_source(tmp_path, capsys):
         ("metrics.port=9404\n", "bootstrap.servers is required"),
         ("bootstrap.servers=k:9092\nremote.log.storage.backend=s3\n",
          "remote.log.storage.s3.bucket is required when remote.log.storage.backend=s3"),
+        ("bootstrap.servers=127.0.0.1\n", "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port"),
+        ("bootstrap.servers=k:9092\ntopic.orders.local.retension.ms=1\n",
+         "topic.orders.local.retension.ms: unknown configuration key (did you mean topic.orders.local.retention.ms?)"),
     ],
 )
 def test_check_exits_2_naming_the_key(tmp_path, capsys, text, message):

@@ -240,13 +240,33 @@ def test_proxy_publishes_its_bootstrap_and_node_ports_on_loopback(services, conf
     assert config["proxy.advertised.host"] in ("localhost", "127.0.0.1")
 
 
-def test_prometheus_scrapes_the_proxys_metrics_port(services, config):
+def test_prometheus_scrapes_the_proxys_and_the_pipelines_metrics_port(services, config):
     prometheus = services["prometheus"]
     mounted = {target: source for source, target in _mounts(prometheus)}
     scrape = yaml.safe_load(Path(mounted[_flag(_command(prometheus), "--config.file")]).read_text())
-    targets = [t for job in scrape["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == [f"proxy:{config['metrics.port']}"]
-    assert str(config["metrics.port"]) in [str(p) for p in services["proxy"].get("expose", [])]
+    targets = {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+               for job in scrape["scrape_configs"]}
+    assert targets == {"tierproxy-proxy": [f"proxy:{config['metrics.port']}"],
+                       "tierproxy-pipeline": [f"pipeline:{config['metrics.port']}"]}
+    for name in ("proxy", "pipeline"):
+        assert str(config["metrics.port"]) in [str(p) for p in services[name].get("expose", [])]
+        assert name in prometheus["depends_on"]
+
+
+def test_prometheus_loads_the_rule_files_of_deploy_rules(services):
+    """rule_files are relative to the configuration file: they must name the mounted rules."""
+    prometheus = services["prometheus"]
+    mounted = {target: source for source, target in _mounts(prometheus)}
+    config_file = _flag(_command(prometheus), "--config.file")
+    scrape = yaml.safe_load(Path(mounted[config_file]).read_text())
+    rules = ROOT / "deploy" / "rules"
+    loaded = set()
+    for pattern in scrape["rule_files"]:
+        in_container = Path(config_file).parent / pattern
+        (source,) = [s for target, s in mounted.items() if in_container.parent == Path(target)]
+        assert Path(source) == rules.resolve()
+        loaded |= set(rules.glob(in_container.name))
+    assert {p.name for p in loaded} == {"recording.rules.yml", "alerts.rules.yml"}
 
 
 def test_pipeline_runs_on_spark_local_mode_every_task_interval(services, config):

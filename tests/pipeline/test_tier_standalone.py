@@ -107,7 +107,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-test")
-    assert "2 partitions," in done.stderr  # the summary line
+    assert "2 partitions," in done.stdout  # the summary line
     # It ran on the standalone cluster: its master lists the application as completed.
     assert _completed_apps(ui) == ["tierproxy-standalone-test"]
 

@@ -5,14 +5,19 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+# testbed/ is the checkout's own (not installed): the demo runs in a scratch directory
+# with the repository on its path, as `make demo` has it from the repository's root.
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("secure", [False, True], ids=["plaintext", "secure"])
 def test_demo_reads_remote_and_local_records_through_the_proxy(tmp_path, secure):
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(REPO)}
     keep = tmp_path / "kept"
     command = [sys.executable, "-m", "testbed.demo", "--records", "3000", "--keep", str(keep)]
     result = subprocess.run(command + (["--secure"] if secure else []), cwd=tmp_path, env=env,

@@ -1,0 +1,96 @@
+"""The `tierproxy` command line: `--log-level` on every subcommand, the version, and bad
+values that end in one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+
+import pytest
+
+from tierproxy.cli import LOG_LEVELS, build_parser, configure_logging, log_format
+from tierproxy.config.metrics import tierproxy_version
+from tests.helpers.commands import TIERPROXY, wait_listening
+
+
+def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every runnable subcommand, as the words that name it (`config check`, `serve`, ...)."""
+    leaves = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                leaves += _leaf_commands(sub, (*prefix, name))
+    return leaves or [prefix]
+
+
+def test_every_subcommand_takes_a_log_level():
+    parser = build_parser()
+    leaves = _leaf_commands(parser)
+    assert {("serve",), ("tier",), ("status",), ("config", "check"), ("config", "docs"), ("config", "metrics"),
+            ("loadtest",)} <= set(leaves)
+    required = {("loadtest",): ["--bootstrap", "h:1", "--topic", "t"]}
+    for words in leaves:
+        extra = required.get(words, [])
+        assert parser.parse_args([*words, *extra, "--log-level", "debug"]).log_level == "DEBUG"
+        default = parser.parse_args([*words, *extra]).log_level
+        assert default == ("INFO" if words in (("serve",), ("tier",)) else "WARNING"), words
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--log-level", "LOUD"])
+
+
+def test_the_log_level_is_the_root_loggers_and_a_worker_names_itself():
+    root = logging.getLogger()
+    before = root.level
+    try:
+        args = build_parser().parse_args(["serve", "--log-level", "ERROR", "--worker-of", "1", "--worker-index", "3"])
+        configure_logging(args)
+        assert root.level == logging.ERROR
+        assert "worker-3 %(name)s" in log_format(args)
+        assert "worker-" not in log_format(build_parser().parse_args(["serve"]))
+        assert all(level in logging.getLevelNamesMapping() for level in LOG_LEVELS)
+    finally:
+        root.setLevel(before)
+
+
+def test_version_is_the_installed_distributions():
+    assert tierproxy_version() not in ("", "unknown")
+    done = subprocess.run([str(TIERPROXY), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == f"tierproxy {tierproxy_version()}"
+
+
+def test_a_broker_address_without_a_port_is_one_line_for_every_command(tmp_path):
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text("bootstrap.servers=127.0.0.1\nmetrics.port=0\n")
+    for command in (["config", "check"], ["status"], ["serve"]):
+        done = subprocess.run([str(TIERPROXY), *command, "--config", str(properties)], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, (command, done.stderr)
+        assert "Traceback" not in done.stderr
+        assert "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port" in done.stderr, done.stderr
+
+
+def test_serve_logs_at_the_level_asked_for(tmp_path):
+    """--log-level ERROR hides the WARNING an unreachable broker gives, and reaches the workers."""
+    from testbed.ports import free_ports
+
+    broker, proxy, node, metrics = free_ports(4)
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text(f"bootstrap.servers=127.0.0.1:{broker}\nproxy.bootstrap.port={proxy}\n"
+                          f"proxy.broker.port.base={node}\nmetrics.port=0\nproxy.workers=2\n"
+                          f"remote.log.storage.local.dir={tmp_path / 'remote'}\n"
+                          f"remote.log.metadata.dir={tmp_path / 'metadata'}\n")
+    outputs = {}
+    for level in ("INFO", "ERROR"):
+        process = subprocess.Popen([str(TIERPROXY), "serve", "--config", str(properties), "--log-level", level],
+                                   stderr=subprocess.PIPE, text=True)
+        try:
+            wait_listening(proxy, process)
+        finally:
+            process.terminate()
+            _, outputs[level] = process.communicate(timeout=60)
+        assert process.returncode == 0, outputs[level]
+    assert "WARNING tierproxy: no broker answered yet" in outputs["INFO"]
+    assert "INFO worker-1 tierproxy: tierproxy serving on" in outputs["INFO"]
+    assert outputs["ERROR"].strip() == "", outputs["ERROR"]
+
