@@ -32,10 +32,11 @@ from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.model import RemoteLogSegmentState, RemotePartitionDeleteState, TopicIdPartition
 from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
+from tests.helpers.consume import consume_confluent_assigned
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, finished_segments
 from tests.helpers.produce import produce_codecs
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, finished_segments
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
-from tests.proxy.tiered_helpers import consume_confluent_assigned, wait_until
+from tests.helpers.proxy import ProxyThread, proxy_config
+from tests.helpers.wait import wait_until
 
 PARTITIONS = 2
 

@@ -13,17 +13,16 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import javaproperties
 import pyspark
 import pytest
 
 from testbed.ports import free_ports
 from testbed.processes import log_tail, spawn, stop_pids
+from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_mixed
 from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
 
 
 def _wait_for(url: str, text: str, log: Path, timeout: float = 90.0) -> None:
@@ -65,24 +64,14 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 async def _tier_on(master_url: str, properties: Path, app_name: str) -> subprocess.CompletedProcess:
     """`tierproxy tier` with the file, on the standalone master; it must succeed."""
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
     done = await asyncio.to_thread(
         subprocess.run,
         [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
          "--override", f"spark.app.name={app_name}"],
-        env=env, capture_output=True, text=True, timeout=240,
+        env=SPARK_ENV, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done
-
-
-def _properties(config, tmp_path: Path) -> Path:
-    """The configuration as the file `tierproxy tier` (or spark-submit) is given."""
-    path = tmp_path / "tier.properties"
-    with open(path, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
-    return path
 
 
 async def _mixed_topic(kafka_cluster, topic, tmp_path: Path, partitions: int, per_codec: int,
@@ -93,7 +82,7 @@ async def _mixed_topic(kafka_cluster, topic, tmp_path: Path, partitions: int, pe
     await produce_mixed(kafka_cluster.bootstrap_servers, name, partitions, per_codec=per_codec,
                         per_transaction=per_transaction)
     config = tier_config(tmp_path, kafka_cluster.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024})
-    return name, config, _properties(config, tmp_path)
+    return name, config, write_properties(tmp_path / "tier.properties", config.raw())
 
 
 def _completed_apps(ui: int) -> list[str]:
@@ -153,7 +142,7 @@ async def test_tier_command_on_a_standalone_master_over_sasl_ssl(standalone, sec
     security = secure_kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
     config = tier_config(tmp_path, secure_kafka.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024},
                          extra=security)
-    properties = _properties(config, tmp_path)
+    properties = write_properties(tmp_path / "tier.properties", config.raw())
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-sasl-ssl")

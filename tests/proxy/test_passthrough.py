@@ -9,7 +9,6 @@ import ipaddress
 import signal
 import ssl
 import subprocess
-import sys
 import urllib.request
 import uuid
 
@@ -25,6 +24,7 @@ from confluent_kafka import Producer
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.config.addresses import parse_host_port
 from testbed.ports import LOOPBACK, free_ports
+from tests.helpers.commands import TIERPROXY
 from tests.helpers.consume import consume_aiokafka, consume_confluent
 from tests.helpers.proxy import ProxyThread, free_port_block, running_proxy
 
@@ -178,7 +178,7 @@ def test_serve_command_serves_and_stops_on_sigterm(kafka_cluster, topic, tmp_pat
     config.write_text(f"bootstrap.servers={kafka_cluster.bootstrap_servers}\n"
                       f"proxy.bootstrap.port={bootstrap_port}\nproxy.broker.port.base={base}\n")
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tierproxy"), "serve", "--config", str(config),
+        [str(TIERPROXY), "serve", "--config", str(config),
          "--override", f"metrics.port={metrics_port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []

@@ -10,7 +10,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,6 +21,7 @@ import pytest
 from tierproxy.config import load
 from tierproxy.proxy.workers import shares
 from testbed.ports import LOOPBACK, free_ports
+from tests.helpers.commands import TIERPROXY
 from tests.helpers.consume import consume_confluent_assigned, expected_by_partition, in_partition_order
 from tests.helpers.fixtures import tiered_fixture
 from tests.helpers.proxy import free_port_block
@@ -32,7 +32,6 @@ PER_PARTITION = 2500
 # 1 KB records, the first 90% of each partition remote only.
 SPEC = TopicSpec(Timed(PER_PARTITION, value_size=1000), partitions=PARTITIONS, fraction=0.9,
                  segment_bytes=256 * 1024)
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
 pytestmark = pytest.mark.timeout(300)
 
 
