@@ -215,6 +215,14 @@ async def wait_for_markers(bootstrap: str, topic: str, partitions: int, timeout:
             await asyncio.sleep(0.1)
 
 
+async def until_older(records: list[ProducedRecord], age_ms: int) -> None:
+    """Until the newest record is `age_ms` old by its timestamp: the codec producers stamp
+    records ahead of the clock, and a time-based rule (retention, segment.ms) spares what is
+    not yet old enough."""
+    newest_ms = max(r.timestamp_ms for r in records)
+    await asyncio.sleep(max(0.0, (newest_ms + age_ms) / 1000 - time.time()))
+
+
 def _value(key: bytes, size: int) -> bytes:
     # Repetitive enough to compress, distinct per record.
     return (key + b"|") * (size // (len(key) + 1)) + key[: size % (len(key) + 1)]

@@ -5,7 +5,6 @@ contiguously from offset 0 to below its last stable offset."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from aiokafka import AIOKafkaProducer
 
@@ -20,7 +19,7 @@ from tests.helpers.pipeline import (
     check_remote_log,
     tier_config,
 )
-from tests.helpers.produce import produce_codecs, produce_mixed
+from tests.helpers.produce import produce_codecs, produce_mixed, until_older
 
 S = RemoteLogSegmentState
 
@@ -72,7 +71,7 @@ async def test_tier_to_s3_ships_the_tail_once_it_is_older_than_segment_ms(
                          topic_settings={"segment.ms": 1500})
     # Every batch older than segment.ms: the tail goes too (the producer stamps records
     # slightly in the future).
-    await asyncio.sleep(max(0.0, max(r.timestamp_ms for r in produced) / 1000 + 1.6 - time.time()))
+    await until_older(produced, 1600)
     report = await asyncio.to_thread(run_pass, config, spark)
     assert_clean(report)
     segments = await check_remote_log(config, name, tail_may_wait=False)
