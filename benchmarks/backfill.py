@@ -39,8 +39,13 @@ case (e.g. `fetch.wait.max.ms=100`).
     .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1,8 --cases aec
     .venv/bin/python benchmarks/backfill.py --mb 300 --partitions 1 --cases cx   # decryption's cost
 
-Targets: (c) >= 1.5x (e) and (c) >= 1.0x (a), cold; (x) at most 0.3 proxy CPU s/GB above (c)
-(AES-GCM with AES-NI decrypts at GB/s). Everything it starts is stopped at the end.
+With local-file cases, each round also measures the floor (`floor.py`): the remote segment
+files pread into one buffer and sent over loopback by a process doing nothing else, and
+the same bytes sent from memory; the proxy's CPU per GB is given as a multiple of it.
+
+Targets: (c) proxy CPU <= 2.5x the pread + send floor cold, <= 1.5x warm; (c) >= 1.5x (e)
+and >= 0.9x (a) in MB/s; (x) at most 0.3 proxy CPU s/GB above (c) (AES-GCM with AES-NI
+decrypts at GB/s). Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import platform
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark_data import MB, produce  # beside this script
+from floor import floor_seconds_per_gb  # beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -450,7 +457,17 @@ def main() -> int:
                 settings |= parse_client_config(args.proxy_config)
             data = DataSet(name, local_topic, remote_topic, records, partitions, properties, tmp / name)
             results: dict[tuple[str, str], list[Measured]] = {}
+            # The floor, in the same run: the local store's segment files, pread into one
+            # buffer and sent over loopback by a process that does nothing else (floor.py).
+            floor_files = sorted((tmp / name / "remote").rglob("*.log")) if "local" in properties else []
+            floors: dict[str, list[float]] = {"pread": [], "memory": []}
             for round_ in range(args.repeats):
+                if floor_files:
+                    with paused(kafka.pids[0]), paused(native.pids[0]) if native else contextlib.nullcontext():
+                        floors["pread"] += floor_seconds_per_gb(floor_files, 1)
+                        floors["memory"] += floor_seconds_per_gb(floor_files, 1, memory=True)
+                    print(f"  round {round_ + 1} floor: pread + send {floors['pread'][-1]:.3f} CPU s/GB, "
+                          f"send from memory {floors['memory'][-1]:.3f}", flush=True)
                 for case, label in cases:
                     # The broker a case does not read from is paused, so that its background
                     # work (Kafka's remote log tasks, G1) is not charged to the other side.
@@ -465,8 +482,11 @@ def main() -> int:
                         for (case, p), runs in results.items() if p == phase}
                 for case, label in cases:
                     if case in best:
-                        rows.append((partitions, case, label, phase, best[case], best.get("a"), best.get("e")))
+                        rows.append((partitions, case, label, phase, best[case], best.get("a"), best.get("e"),
+                                     results[(case, phase)]))
             print_table(rows)
+            if floors["pread"]:
+                print_floor(partitions, floors, results)
             for cluster, topic in ((kafka, local_topic), (kafka, remote_topic), (native, name)):
                 try:
                     if cluster is not None and topic in cluster.admin().list_topics(timeout=30).topics:
@@ -477,17 +497,35 @@ def main() -> int:
 
 
 def print_table(rows: list) -> None:
+    """The best round of each case (by MB/s), with the median MB/s and CPU of its rounds."""
     print()
-    print("| partitions | case | replay | MB | MB/s | vs (a) | vs (e) | fetch p50 / p99 ms | broker CPU s/GB "
-          "| proxy CPU s/GB |")
+    print("| partitions | case | replay | MB | MB/s best / median | vs (a) | vs (e) | fetch p50 / p99 ms "
+          "| broker CPU s/GB | proxy CPU s/GB best / median |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for partitions, case, label, phase, run, direct, native_run in rows:
+    for partitions, case, label, phase, run, direct, native_run, runs in rows:
         summary = run.summary
         versus = [f"{summary.mb_per_s / other.summary.mb_per_s:.2f}" if other else "-" for other in (direct, native_run)]
-        print(f"| {partitions} | ({case}) {label} | {phase} | {summary.bytes / MB:.1f} | {summary.mb_per_s:.1f} | "
-              f"{versus[0]} | {versus[1]} | {_ms(summary.fetch_latency_p50_ms)} / "
+        median_mbs = statistics.median(r.summary.mb_per_s for r in runs)
+        proxy_cpus = [r.per_gb(r.proxy_cpu) for r in runs]
+        print(f"| {partitions} | ({case}) {label} | {phase} | {summary.bytes / MB:.1f} | {summary.mb_per_s:.1f} / "
+              f"{median_mbs:.1f} | {versus[0]} | {versus[1]} | {_ms(summary.fetch_latency_p50_ms)} / "
               f"{_ms(summary.fetch_latency_p99_ms)} | {run.per_gb(run.broker_cpu):.2f} | "
-              f"{run.per_gb(run.proxy_cpu):.2f} |", flush=True)
+              f"{min(proxy_cpus):.2f} / {statistics.median(proxy_cpus):.2f} |", flush=True)
+
+
+def print_floor(partitions: int, floors: dict[str, list[float]], results: dict) -> None:
+    """The floor of this run and each local-file proxy case's CPU as a multiple of it."""
+    pread, memory = floors["pread"], floors["memory"]
+    print()
+    print(f"{partitions} partition(s), floor CPU s/GB: pread + send best {min(pread):.3f} / median "
+          f"{statistics.median(pread):.3f}; send from memory best {min(memory):.3f} / median "
+          f"{statistics.median(memory):.3f}")
+    for (case, phase), runs in sorted(results.items()):
+        if case not in "cx":
+            continue
+        cpus = [r.per_gb(r.proxy_cpu) for r in runs]
+        print(f"  ({case}) {phase}: proxy CPU / pread floor best {min(cpus) / min(pread):.2f}, median "
+              f"{statistics.median(cpus) / statistics.median(pread):.2f}")
 
 
 def _line(run: Measured) -> str:

@@ -2,9 +2,10 @@
 
 Chunk i of a segment covers bytes [i * chunk_size, (i + 1) * chunk_size) of its
 `.log`; the last chunk is short (the segment's size is in its metadata). A chunk
-is fetched with one ranged read and joined into one `bytes` object, which readers
-slice with memoryviews: a chunk evicted while a reader still holds it stays alive
-for that reader only.
+is read with one ranged read into a chunk-sized buffer (`chunk_buffers`: the buffer of
+an evicted chunk, once no reader views it any more), and readers slice it with
+memoryviews: a chunk evicted while a reader still holds it stays alive for that reader
+only, and its buffer is not reused until then.
 
 Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
 i+1 .. i+N (`read_ahead_chunks`) are fetched in the background, so a sequential
@@ -22,22 +23,38 @@ skipped when there is no room; at most `max_prefetch_per_segment` run at once pe
 segment. So `stored + reserved <= max_bytes` always holds, whatever the number of
 readers. Memory beyond the bound is what readers hold: one chunk per demand load
 in flight and the slices of the responses being written.
+
+A chunk whose load meets a corrupt block (the store checks each block as it streams
+it) is neither cached nor returned: `get` raises CorruptChunk, which carries the
+checked bytes of the chunk in front of that block, so that a reader can still serve
+the whole batches they hold.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import uuid
 
-from tierproxy.storage.errors import CorruptRemoteSegment
+from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment
 from tierproxy.storage.model import RemoteLogSegmentMetadata
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from . import NO_METRICS, CacheMetrics
+from .chunk_buffers import ChunkBuffers
 from .single_flight import SingleFlight
 
 ChunkKey = tuple[uuid.UUID, int]
+
+
+class CorruptChunk(CorruptRemoteSegment):
+    """A chunk's load stopped at a corrupt block. `intact` is the chunk's bytes before that
+    block, all checked (possibly empty); `error` is the store's own error about the block."""
+
+    def __init__(self, index: int, intact: bytes, error: CorruptRemoteSegment) -> None:
+        super().__init__(f"chunk {index}: {error}")
+        self.index = index
+        self.intact = intact
+        self.error = error
 
 
 class ChunkCache:
@@ -61,13 +78,16 @@ class ChunkCache:
         self.read_ahead_chunks = read_ahead_chunks
         self.max_prefetch_per_segment = max_prefetch_per_segment
         self._metrics = metrics
-        self._read: collections.OrderedDict[ChunkKey, bytes] = collections.OrderedDict()
-        self._prefetched: collections.OrderedDict[ChunkKey, bytes] = collections.OrderedDict()
+        self._read: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
+        self._prefetched: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
+        # Evicted chunks' buffers, reused for the next loads: enough for the loads a
+        # sequential reader keeps in flight (the chunk it waits for and its read-ahead).
+        self._buffers = ChunkBuffers(chunk_size, keep=read_ahead_chunks + 2)
         self._read_bytes = 0
         self._prefetched_bytes = 0
         self._reserved_bytes = 0
         self._prefetching: collections.Counter[uuid.UUID] = collections.Counter()
-        self._flight: SingleFlight[ChunkKey, bytes] = SingleFlight()
+        self._flight: SingleFlight[ChunkKey, memoryview] = SingleFlight()
         self._closed = False
 
     # ------------------------------------------------------------------ sizes
@@ -101,7 +121,7 @@ class ChunkCache:
 
     # ------------------------------------------------------------------ reads
 
-    async def get(self, segment: RemoteLogSegmentMetadata, index: int, *, read_ahead: bool = True) -> bytes:
+    async def get(self, segment: RemoteLogSegmentMetadata, index: int, *, read_ahead: bool = True) -> memoryview:
         """Chunk `index` of the segment; with `read_ahead`, the next chunks are prefetched."""
         if self._closed:
             raise RuntimeError("chunk cache is closed")
@@ -132,10 +152,11 @@ class ChunkCache:
     async def close(self) -> None:
         self._closed = True
         await self._flight.close()
+        self._buffers.clear()
 
     # ------------------------------------------------------------------ internals
 
-    def _take(self, key: ChunkKey) -> bytes | None:
+    def _take(self, key: ChunkKey) -> memoryview | None:
         """A cached chunk, marked most recently read."""
         data = self._read.get(key)
         if data is not None:
@@ -182,29 +203,29 @@ class ChunkCache:
         self._publish_size()
         return True
 
-    async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> bytes:
+    async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> memoryview:
         start = index * self.chunk_size
-        expected = self.chunk_length(segment, index)
+        buffer = self._buffers.take()
+        data = memoryview(buffer)[:self.chunk_length(segment, index)]
         try:
-            parts = []
-            stream = self.rsm.fetch_log_segment(segment, start, start + expected - 1)
-            async with contextlib.aclosing(stream):
-                async for part in stream:
-                    parts.append(part)
-            # One part is the store's own buffer (a whole chunk read at once): no copy.
-            data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+            await self.rsm.read_log_into(segment, start, data)
+        except BaseException as e:
+            # What the store checked before a corrupt block: the caller may use it, the
+            # cache keeps nothing of this chunk.
+            intact = bytes(data[:e.filled]) if isinstance(e, CorruptRangeRead) else b""
+            del data
+            self._buffers.retire(buffer)
+            if isinstance(e, CorruptRangeRead):
+                raise CorruptChunk(index, intact, e.error) from e.error
+            raise
         finally:
             self._reserved_bytes -= reserved
-        if len(data) != expected:
-            raise CorruptRemoteSegment(
-                f"chunk {index} of segment {segment.segment_id.id}: {len(data)} bytes, expected {expected}"
-            )
         self._metrics.loaded(segment.topic_id_partition.topic, len(data))
         if not self._closed:
             self._insert((segment.segment_id.id, index), data, prefetched=reserved > 0)
         return data
 
-    def _insert(self, key: ChunkKey, data: bytes, *, prefetched: bool) -> None:
+    def _insert(self, key: ChunkKey, data: memoryview, *, prefetched: bool) -> None:
         size = len(data)
         for area in (self._read, self._prefetched):
             if key in area:
@@ -216,11 +237,13 @@ class ChunkCache:
         else:
             if self._reserved_bytes + size > self.max_bytes:
                 self._publish_size()
+                self._buffers.retire(data.obj)  # type: ignore[arg-type]
                 return  # cannot fit beside the prefetches in flight: served, not kept
             while self.total_bytes + size > self.max_bytes:
                 self._evict_oldest(self._prefetched if self._prefetched else self._read)
         if self.total_bytes + size > self.max_bytes:
             self._publish_size()
+            self._buffers.retire(data.obj)  # type: ignore[arg-type]
             return
         if prefetched:
             self._prefetched[key] = data
@@ -230,17 +253,18 @@ class ChunkCache:
             self._read_bytes += size
         self._publish_size()
 
-    def _evict_oldest(self, area: collections.OrderedDict[ChunkKey, bytes]) -> None:
+    def _evict_oldest(self, area: collections.OrderedDict[ChunkKey, memoryview]) -> None:
         key = next(iter(area))
         self._drop(area, key)
         self._metrics.evicted()
 
-    def _drop(self, area: collections.OrderedDict[ChunkKey, bytes], key: ChunkKey) -> None:
+    def _drop(self, area: collections.OrderedDict[ChunkKey, memoryview], key: ChunkKey) -> None:
         data = area.pop(key)
         if area is self._read:
             self._read_bytes -= len(data)
         else:
             self._prefetched_bytes -= len(data)
+        self._buffers.retire(data.obj)  # type: ignore[arg-type]
 
     def _publish_size(self) -> None:
         self._metrics.size(self.total_bytes, len(self))

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from .addresses import parse_host_port
+from . import broker_ports
+from .broker_ports import check_host_pattern, node_id_range, port_map
 from .properties import read_properties
 
 T = TypeVar("T")
@@ -115,6 +117,36 @@ class HostPorts:
 
     def __str__(self) -> str:
         return "host:port[,host:port]"
+
+
+class PortMap:
+    """proxy.broker.port.map: distinct node ids, each on a port of its own."""
+
+    def __call__(self, value: tuple[str, ...]) -> None:
+        port_map(value)
+
+    def __str__(self) -> str:
+        return "NODE:PORT[,NODE:PORT...], distinct node ids and ports in [1, 65535]"
+
+
+class NodeIdRange:
+    """proxy.broker.node.id.range: LOW-HIGH or empty."""
+
+    def __call__(self, value: str) -> None:
+        node_id_range(value)
+
+    def __str__(self) -> str:
+        return 'LOW-HIGH (node ids, LOW <= HIGH), or ""'
+
+
+class HostPattern:
+    """proxy.advertised.host.pattern: a host name with $(nodeId) in it, or empty."""
+
+    def __call__(self, value: str) -> None:
+        check_host_pattern(value)
+
+    def __str__(self) -> str:
+        return 'a host name containing $(nodeId), or ""'
 
 
 def _parse_bool(text: str) -> bool:
@@ -336,8 +368,9 @@ REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.
         "Time span of one sample of the copy rate.", "remote log manager", validator=Range(1))
 REMOTE_LOG_MANAGER_FETCH_MAX_BYTES_PER_SECOND = _define("remote.log.manager.fetch.max.bytes.per.second", int,
         UNLIMITED_BYTES_PER_SECOND,
-        "Bytes per second read from remote storage for fetches (KIP-956's fetch quota). Accepted and "
-        "checked; the proxy does not apply it yet. The default, Long.MAX_VALUE, is no quota.",
+        "Bytes per second of remote records the proxy serves, all workers together (KIP-956's fetch "
+        "quota): while it is exceeded, a Fetch's remote partitions get empty records, no error, and "
+        "the others are served. The default, Long.MAX_VALUE, is no quota.",
         "remote log manager", validator=Range(1))
 REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_NUM = _define("remote.log.manager.fetch.quota.window.num", int, 11,
         "Samples of the remote fetch rate kept.", "remote log manager", validator=Range(1))
@@ -403,10 +436,26 @@ PIPELINE_TEST_FAIL_AFTER_OBJECTS = _define("pipeline.test.fail.after.objects", i
 PROXY_LISTENER_HOST = _define("proxy.listener.host", str, "127.0.0.1", "Address the proxy listens on.", "proxy")
 PROXY_ADVERTISED_HOST = _define("proxy.advertised.host", str, "",
         "Host the proxy advertises to clients; empty for proxy.listener.host.", "proxy")
+PROXY_ADVERTISED_HOST_PATTERN = _define("proxy.advertised.host.pattern", str, "",
+        "Host advertised for each broker node, `$(nodeId)` standing for its node id (e.g. "
+        "`broker-$(nodeId).kafka.example.com`), so that each broker has a DNS and TLS name of its own; "
+        "empty for proxy.advertised.host.", "proxy", validator=HostPattern())
 PROXY_BOOTSTRAP_PORT = _define("proxy.bootstrap.port", int, 9192, "Port of the proxy's bootstrap listener.", "proxy",
         validator=Range(0, 65535))
 PROXY_BROKER_PORT_BASE = _define("proxy.broker.port.base", int, 9193,
-        "The listener of broker node N is this port + N.", "proxy", validator=Range(0, 65535))
+        "Without proxy.broker.port.map or proxy.broker.node.id.range, the listener of broker node N is this "
+        "port + N.", "proxy", validator=Range(0, 65535))
+PROXY_BROKER_PORT_MAP = _define("proxy.broker.port.map", tuple, (),
+        "The listener port of each broker node, `NODE:PORT[,NODE:PORT...]` (e.g. `1001:9194,1002:9195`). "
+        "A node not listed gets no listener: clients are not told about it (see docs/operations.md).",
+        "proxy", validator=PortMap())
+PROXY_BROKER_NODE_ID_RANGE = _define("proxy.broker.node.id.range", str, "",
+        "Broker node ids `LOW-HIGH` (e.g. `1000-1099`) with listeners from proxy.broker.port.start on: "
+        "node n listens on proxy.broker.port.start + n - LOW. A node outside gets no listener.", "proxy",
+        validator=NodeIdRange())
+PROXY_BROKER_PORT_START = _define("proxy.broker.port.start", int, 0,
+        "The listener port of the first node id of proxy.broker.node.id.range (required with it).", "proxy",
+        validator=Range(0, 65535))
 PROXY_WORKERS = _define("proxy.workers", int, 0,
         "Worker processes serving the proxy's listeners together (SO_REUSEPORT); 0 for one per CPU "
         "core. Each worker gets its share of the cache bounds, reader threads and connection limits, "
@@ -421,7 +470,8 @@ MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION = _define("max.in.flight.requests.per.conn
         "Requests read from one client and not answered yet; at the limit the proxy stops reading "
         "that client until a response went out.", "connection limits", validator=Range(1))
 SASL_SERVER_MAX_RECEIVE_SIZE = _define("sasl.server.max.receive.size", int, 524_288,
-        "Largest frame before SASL authentication completed (with security.protocol SASL_*).",
+        "Largest frame before SASL authentication completed, whenever the brokers' listener may want SASL "
+        "(security.protocol SASL_*, or learned from the brokers).",
         "connection limits", validator=Range(1))
 CONNECTIONS_MAX_IDLE_MS = _define("connections.max.idle.ms", int, 600_000,
         "A client connection with nothing received, sent or owed for this long is closed.",
@@ -623,6 +673,10 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
                           "remote.log.manager.task.retry.backoff.ms")
     _check_security(values)
     _check_encryption(values)
+    try:
+        broker_ports.check(values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
     return Config(values=values, topics=topics, source=source)
 

@@ -15,9 +15,9 @@ boundaries); the walker stops before it and reports how many bytes were whole.
 A log read in chunks (a remote segment through the chunk cache, a `.log` file read
 piece by piece) gives its batches with `log_batches` / `log_batches_async`: one
 reassembly for every reader, with no I/O of its own. A batch wholly inside a chunk is a
-view of that chunk; only a batch cut by a chunk boundary is copied, once, taking just
-the bytes it needs from the chunks after it, and the next chunk is asked for only when
-a batch needs it.
+view of that chunk; a batch cut by a chunk boundary is the views of its parts in the
+chunks it spans (only its header is copied, to be read), so nothing is copied on the way
+to a socket; the next chunk is asked for only when a batch needs it.
 """
 
 from __future__ import annotations
@@ -158,9 +158,13 @@ def read_batch_header(buffer: bytes | bytearray | memoryview, position: int = 0)
     return _read_header(buffer, position, position)
 
 
-def _read_header(buffer: bytes | bytearray | memoryview, position: int, named: int) -> BatchHeader | None:
-    """`read_batch_header`, naming byte `named` (where the batch is in its log) in errors."""
-    available = len(buffer) - position
+def _read_header(buffer: bytes | bytearray | memoryview, position: int, named: int,
+                 available: int | None = None) -> BatchHeader | None:
+    """`read_batch_header`, naming byte `named` (where the batch is in its log) in errors.
+    `available`: the bytes of the batch there are, when more than `buffer` holds (a batch
+    whose header alone was copied together)."""
+    if available is None:
+        available = len(buffer) - position
     if available < LOG_OVERHEAD:
         return None
     _, batch_length = _PREFIX.unpack_from(buffer, position)
@@ -203,12 +207,34 @@ class Batch(NamedTuple):
     """One whole batch of a log read in chunks."""
 
     header: BatchHeader  # header.position: where the batch starts in `buffer`
-    buffer: bytes | bytearray | memoryview  # the chunk holding it, or the copy of a batch cut by a boundary
+    #: the chunk holding the batch; for a batch cut by a chunk boundary, its header's bytes
+    buffer: bytes | bytearray | memoryview
     position: int  # where the batch starts in the log
+    #: a batch cut by a chunk boundary: views of its parts in the chunks it spans, in order
+    cut: tuple[memoryview, ...] = ()
+
+    @property
+    def parts(self) -> tuple[memoryview, ...]:
+        """The batch's bytes as views of the chunks they are in: what a response sends."""
+        return self.cut or (self.view,)
 
     @property
     def view(self) -> memoryview:
+        """The batch's bytes in one piece (those of a cut batch joined: a copy)."""
+        if self.cut:
+            return memoryview(b"".join(self.cut))
         return memoryview(self.buffer)[self.header.position : self.header.end_position]
+
+    def crc_valid(self) -> bool:
+        """The batch's CRC-32C matches its bytes, read where they are."""
+        if not self.cut:
+            return crc_valid(self.buffer, self.header)
+        value, skip = 0, ATTRIBUTES_OFFSET
+        for part in self.cut:
+            if skip < len(part):
+                value = crc32c.crc32c(part[skip:], value)
+            skip = max(skip - len(part), 0)
+        return value == self.header.crc
 
 
 class _Reassembly:
@@ -219,18 +245,19 @@ class _Reassembly:
     any chunk it would need is asked for.
     """
 
-    __slots__ = ("chunk", "chunk_at", "end", "pending", "position")
+    __slots__ = ("chunk", "chunk_at", "end", "pending", "pending_size", "position")
 
     def __init__(self, position: int, end: int | None) -> None:
         self.position = position  # where the next batch starts in the log
         self.chunk: bytes | bytearray | memoryview = b""
         self.chunk_at = position  # where `chunk` starts in the log
         self.end = end
-        self.pending: bytearray | None = None  # the start of a batch cut by a chunk boundary
+        self.pending: list[memoryview] = []  # the parts so far of a batch cut by a chunk boundary
+        self.pending_size = 0
 
     @property
     def at_end(self) -> bool:
-        return self.end is not None and self.position >= self.end and self.pending is None
+        return self.end is not None and self.position >= self.end and not self.pending
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """The chunk after the current one (whose bytes are all used by now)."""
@@ -239,34 +266,54 @@ class _Reassembly:
 
     def next(self) -> Batch | None:
         """The next whole batch, or None when the next chunk is needed (or the log ended)."""
-        if self.pending is None:
+        if not self.pending:
             offset = self.position - self.chunk_at
             header = _read_header(self.chunk, offset, self.position)
             if header is not None:
                 return self._served(Batch(header, self.chunk, self.position))
             if offset >= len(self.chunk):
                 return None
-            self._check_end(memoryview(self.chunk)[offset:])
-            self.pending = bytearray(memoryview(self.chunk)[offset:])
+            self._take(memoryview(self.chunk)[offset:])
             return None
-        pending = self.pending
-        taken = self.position + len(pending) - self.chunk_at  # the next byte of the chunk to take
-        while (header := _read_header(pending, 0, self.position)) is None:
+        taken = self.position + self.pending_size - self.chunk_at  # the next byte of the chunk to take
+        while (size := self._pending_batch_size()) is None or self.pending_size < size:
             if taken >= len(self.chunk):
                 return None
-            self._check_end(pending)
-            wanted = LOG_OVERHEAD if len(pending) < LOG_OVERHEAD else LOG_OVERHEAD + _length(pending)
-            part = memoryview(self.chunk)[taken : taken + wanted - len(pending)]
-            pending += part
+            want = (LOG_OVERHEAD if size is None else size) - self.pending_size
+            part = memoryview(self.chunk)[taken : taken + want]
+            self._take(part)
             taken += len(part)
-        self.pending = None
-        return self._served(Batch(header, pending, self.position))  # the one copy: never written again
+        head = self._head()
+        header = _read_header(head, 0, self.position, self.pending_size)
+        if header is None:  # whole but shorter than a header: refused by its length already
+            raise DecodeError(f"record batch at byte {self.position} is cut short")
+        cut = tuple(self.pending)
+        self.pending, self.pending_size = [], 0
+        return self._served(Batch(header, head, self.position, cut))
+
+    def _take(self, part: memoryview) -> None:
+        self.pending.append(part)
+        self.pending_size += len(part)
+        if self.pending_size >= LOG_OVERHEAD:
+            self._check_end(self._head())
+
+    def _head(self) -> bytes | memoryview:
+        """The first HEADER_SIZE bytes of the pending batch (fewer if it has fewer), in one piece."""
+        first = self.pending[0]
+        if len(first) >= HEADER_SIZE or len(self.pending) == 1:
+            return first
+        return b"".join(self.pending)[:HEADER_SIZE]
+
+    def _pending_batch_size(self) -> int | None:
+        if self.pending_size < LOG_OVERHEAD:
+            return None
+        return LOG_OVERHEAD + _length(self._head())
 
     def finish(self) -> None:
         """The chunks ran out: the log must end on a batch boundary (at `end`, when known)."""
-        if self.pending is not None:
+        if self.pending:
             raise DecodeError(f"the log ends inside the record batch at byte {self.position}"
-                              f" ({len(self.pending)} bytes of it)")
+                              f" ({self.pending_size} bytes of it)")
         if self.end is not None and self.position < self.end:
             raise DecodeError(f"the log ends at byte {self.position}, before its end at byte {self.end}")
 
@@ -278,13 +325,16 @@ class _Reassembly:
         return batch
 
     def _check_end(self, start: bytes | bytearray | memoryview) -> None:
-        """A batch whose length field says it runs past the log's end fails now, before
-        the chunks it would need are asked for."""
-        if self.end is not None and len(start) >= LOG_OVERHEAD:
-            size = LOG_OVERHEAD + _length(start)
-            if self.position + size > self.end:
-                raise DecodeError(f"the record batch at byte {self.position} ({size} bytes) runs past the end"
-                                  f" of the {self.end}-byte log")
+        """A batch whose length field says it is not one, or runs past the log's end, fails
+        now, before the chunks it would need are asked for."""
+        if len(start) < LOG_OVERHEAD:
+            return
+        length = _length(start)
+        if length < _MIN_BATCH_LENGTH:
+            raise DecodeError(f"record batch at byte {self.position} has invalid length {length}")
+        if self.end is not None and self.position + LOG_OVERHEAD + length > self.end:
+            raise DecodeError(f"the record batch at byte {self.position} ({LOG_OVERHEAD + length} bytes) runs"
+                              f" past the end of the {self.end}-byte log")
 
 
 def _length(start: bytes | bytearray | memoryview) -> int:

@@ -18,9 +18,10 @@ The connection behaves like a broker's channel:
   requests are unanswered, or while the broker is not reading. A client that does
   not read its responses therefore holds at most one response beyond that bound.
 - Limits: the frame bound and the requests allowed are the authentication gate's
-  (``socket.request.max.bytes``; on a SASL listener ``sasl.server.max.receive.size``
-  and only SASL requests until authentication completed), ``connections.max.idle.ms``
-  and ``request.receive.timeout.ms`` (checked by the server, ``check_timeouts``).
+  (``socket.request.max.bytes``; before a SASL login ``sasl.server.max.receive.size``
+  whenever the listener may want one, see ``proxy.authentication``),
+  ``connections.max.idle.ms`` and ``request.receive.timeout.ms`` (checked by the
+  server, ``check_timeouts``).
 
 Nothing here is specific to an API: a request whose API key and version have filters
 goes through their chain (``proxy.filters``), every other one is forwarded as an
@@ -52,10 +53,11 @@ from tierproxy.protocol.headers import (
     response_header_version,
 )
 
-from .authentication import ResponseObserver, UnauthenticatedRequest, authentication_gate
+from .authentication import ResponseObserver, UnauthenticatedRequest, UpstreamListener
 from .filters import ClientRequest, ConnectionContext, Filter, InvalidRequest, ProxyServices, Response, run_chain
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
+from .pinned import socket_room, unpinned
 from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
 
 if TYPE_CHECKING:
@@ -81,6 +83,8 @@ class ConnectionServer(Protocol):
     """What a client connection needs of the server that accepted it."""
 
     services: ProxyServices
+    upstream: UpstreamListener
+    """Whether the brokers' listener wants SASL: the gates of new connections."""
 
     def connection_opened(self, connection: ClientConnection) -> str | None:
         """Admit the connection, or name the limit that refuses it."""
@@ -143,6 +147,7 @@ class _Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"broker closed the connection ({exc})" if exc else "broker closed the connection"
+        self.owner.broker_closed()
         self.owner.close(reason, level=logging.INFO, flush=True)
 
     def pause_writing(self) -> None:
@@ -182,9 +187,12 @@ class ClientConnection(asyncio.Protocol):
         self._metrics = services.metrics
         self._max_pending_response_bytes: int = config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION]
         self._max_in_flight: int = config[MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION]
-        self._gate = authentication_gate(config)
+        # The gate of the listener as known now; the one the connection keeps is made once
+        # the proxy asked (if it must) and the broker connection exists (_connect_upstream).
+        self._gate = server.upstream.gate()
         self._decoder = FrameDecoder(self._gate.max_frame_bytes)
         self._client: asyncio.Transport | None = None
+        self._socket: socket.socket | None = None  # the client's, to ask its send buffer for room
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
         self._in_flight: collections.deque[_InFlight] = collections.deque()
@@ -198,11 +206,15 @@ class ClientConnection(asyncio.Protocol):
         self._closed = False
         self._last_activity = time.monotonic()
         self._frame_started: float | None = None  # when the frame being received began
+        # Bytes that came before the broker connection and the gate were ready: uvloop
+        # reads once even when connection_made paused reading.
+        self._early: list[bytes] | None = []
 
     # --- client side -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._client = transport  # type: ignore[assignment]
+        self._socket = transport.get_extra_info("socket")
         _tune(transport, self._max_pending_response_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -221,6 +233,9 @@ class ClientConnection(asyncio.Protocol):
 
     async def _connect_upstream(self) -> None:
         errors = []
+        await self.server.upstream.settle()
+        self._gate = self.server.upstream.gate()
+        self._decoder.max_frame_bytes = self._gate.max_frame_bytes
         for host, port in self.server.upstream_addresses(self.node_id):
             try:
                 transport, upstream = await self.server.open_upstream(lambda: _Upstream(self), host, port)
@@ -233,6 +248,9 @@ class ClientConnection(asyncio.Protocol):
             self._upstream = upstream
             self.ctx = ConnectionContext(peer=self.peer, node_id=self.node_id, broker=(host, port),
                                          services=self.server.services, forward=self.forward)
+            early, self._early = self._early or [], None
+            for data in early:  # now held to the gate's bound
+                self.data_received(data)
             self.unblock_client_reads("connecting to broker")
             self._dispatch_waiting()
             return
@@ -242,13 +260,18 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        if self._early is not None:
+            self._early.append(data)
+            if self._client is not None:
+                self._client.pause_reading()  # takes effect once reading has begun
+            return
         self._metrics.client_bytes_in.inc(len(data))
         now = self._last_activity = time.monotonic()
         decoder = self._decoder
         try:
             frames = decoder.feed(data)
         except FrameError as e:
-            self.close(f"bad frame: {e}", level=logging.WARNING, label="bad_request")
+            self.close(f"bad frame ({self._gate.bound}): {e}", level=logging.WARNING, label="bad_request")
             return
         if not decoder.pending_bytes:
             self._frame_started = None
@@ -428,6 +451,9 @@ class ClientConnection(asyncio.Protocol):
             self.close(f"broker answered correlation id {correlation_id}, expected {in_flight.correlation_id} "
                        f"({api_name(in_flight.api_key)})", level=logging.ERROR)
             return
+        gate = self._gate
+        if gate.learning and gate.answered(in_flight.api_key):
+            self._decoder.max_frame_bytes = gate.max_frame_bytes
         if in_flight.slot is not None:
             if in_flight.observer is not None:
                 try:
@@ -459,16 +485,22 @@ class ClientConnection(asyncio.Protocol):
             return
         self._last_activity = time.monotonic()
         self._metrics.client_bytes_out.inc(sum(len(part) for part in parts))  # type: ignore[arg-type]
-        if len(parts) > 2 and client.get_write_buffer_size():
-            # Queued behind unsent bytes, slices would keep whole remote chunks and
-            # broker responses alive until sent: queue a copy instead.
-            client.write(b"".join(parts))  # type: ignore[arg-type]
-        else:
-            client.writelines(parts)
+        if len(parts) > 2 and (client.get_write_buffer_size()
+                               or socket_room(self._socket) < sum(len(part) for part in parts)):
+            # Queued unsent, slices would keep whole remote chunks alive until sent.
+            parts = unpinned(parts)
+        client.writelines(parts)
         if self._waiting and len(self._orderer) < self._max_in_flight:
             asyncio.get_running_loop().call_soon(self._dispatch_waiting)
 
     # --- closing -----------------------------------------------------------------------
+
+    def broker_closed(self) -> None:
+        """The broker, not the proxy, closed the upstream connection: the gate may learn
+        from it whether the listener wants SASL."""
+        gate = self._gate
+        if not self._closed and gate.learning:
+            gate.broker_closed()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

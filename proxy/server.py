@@ -1,10 +1,13 @@
 """The proxy's listeners: one bootstrap port, and one port per broker node.
 
 Clients bootstrap on ``proxy.bootstrap.port``; the addresses in the responses they
-get name node N as ``proxy.advertised.host:(proxy.broker.port.base + N)``. The
-proxy learns the nodes from Metadata (its own query at start-up, then every
-response that names brokers) and opens a node's listener before any client is told
-about it. Each accepted client gets its own ClientConnection and broker connection.
+get name node N by the host and port the configuration gives it (`config.broker_ports`:
+a port map, a node-id range, or ``proxy.broker.port.base`` + N; a host pattern or one
+advertised host). The proxy learns the nodes from Metadata (its own query at start-up,
+then every response that names brokers) and opens a node's listener before any client
+is told about it. A node the configuration gives no port is never named to clients
+(logged once as an error). Each accepted client gets its own ClientConnection and
+broker connection.
 """
 
 from __future__ import annotations
@@ -25,20 +28,21 @@ from tierproxy.config import (
     CONNECTIONS_MAX_IDLE_MS,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
-    PROXY_ADVERTISED_HOST,
     PROXY_BOOTSTRAP_PORT,
-    PROXY_BROKER_PORT_BASE,
     PROXY_LISTENER_HOST,
+    PROXY_SSL_CERTIFICATE_LOCATION,
     REQUEST_RECEIVE_TIMEOUT_MS,
 )
 from tierproxy.config.addresses import parse_host_port
+from tierproxy.config.broker_ports import NodePorts, advertised_host
 from tierproxy.protocol.errors import ProtocolError
 from tierproxy.protocol.requests import metadata_request
 
+from .authentication import UpstreamListener
 from .client_connection import ClientConnection
 from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
-from .tls import listener_ssl_context
+from .tls import CertificateNames, listener_ssl_context
 
 __all__ = ("ProxyServer",)
 
@@ -60,13 +64,18 @@ class ProxyServer:
             filters=filters if filters is not None else FilterChains(),
         )
         self._listener_ssl = listener_ssl_context(config)
+        self._certificate_names = CertificateNames.of(config)
+        self._names_checked: set[str] = set()
         # The proxy's own connections authenticate as tierproxy; a client's upstream
         # connection gets only the TLS part, and the client brings its own SASL.
         self._security = security(config)
         self._broker_ssl = self._security.ssl_context
+        # Whether the brokers' listener wants SASL, as far as the proxy knows (its own
+        # broker query, without a login unless security.protocol has one, tells first).
+        self.upstream = UpstreamListener(config, probe=self._ask_brokers)
         self._host: str = config[PROXY_LISTENER_HOST]
-        self._advertised_host: str = config[PROXY_ADVERTISED_HOST] or self._host
-        self._port_base: int = config[PROXY_BROKER_PORT_BASE]
+        self._node_ports = NodePorts.of(config)
+        self._without_port: set[int] = set()  # nodes already logged as having no port
         self._connect_timeout = config[BROKER_CONNECTION_SETUP_TIMEOUT_MS] / 1000
         self._bootstrap = [parse_host_port(a) for a in config[BOOTSTRAP_SERVERS]]
         self._next_bootstrap = 0
@@ -91,6 +100,7 @@ class ProxyServer:
         self._started = True
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._servers[None] = await self._listen(None, self.config[PROXY_BOOTSTRAP_PORT])
+        self._check_certificate_names(self.bootstrap_address[0], "the bootstrap listener")
         if discover:
             await self._discover()
 
@@ -106,6 +116,7 @@ class ProxyServer:
             connection.close("the proxy is shutting down", flush=True)
         for server in servers:
             await server.wait_closed()
+        await self.upstream.close()
         if self._started:
             self._started = False
             await self.services.filters.close()
@@ -122,7 +133,7 @@ class ProxyServer:
     @property
     def bootstrap_address(self) -> tuple[str, int]:
         """(host, port) clients bootstrap on."""
-        return self._advertised_host, self._bound_port(None)
+        return advertised_host(self.config, None), self._bound_port(None)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -136,27 +147,33 @@ class ProxyServer:
 
     @property
     def node_listeners(self) -> dict[int, tuple[str, int]]:
-        """Broker node id -> the proxy's (host, port) listening for it."""
-        return {node_id: (self._advertised_host, self._bound_port(node_id))
+        """Broker node id -> the (host, port) advertised for it, for every open node listener."""
+        return {node_id: (advertised_host(self.config, node_id), self._bound_port(node_id))
                 for node_id in self._servers if node_id is not None}
 
-    def advertised(self, node_id: int) -> tuple[str, int]:
-        port = self._port_base + node_id
-        if node_id < 0 or port > 65535:
-            raise ValueError(f"broker node {node_id} has no proxy port: proxy.broker.port.base={self._port_base} "
-                             f"+ {node_id} is not a TCP port")
-        return self._advertised_host, port
+    def advertised(self, node_id: int) -> tuple[str, int] | None:
+        """The (host, port) clients are told for a broker node; None when it has no port."""
+        port = self._node_ports.port(node_id)
+        return None if port is None else (advertised_host(self.config, node_id), port)
 
-    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        advertised = self.advertised(node_id)
+    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
         if self._brokers.get(node_id) != (host, port):
             if node_id in self._brokers:
                 log.info("broker node %d moved from %s:%d to %s:%d", node_id, *self._brokers[node_id], host, port)
             self._brokers[node_id] = (host, port)
+        advertised = self.advertised(node_id)
+        if advertised is None:
+            if node_id not in self._without_port:
+                self._without_port.add(node_id)
+                log.error("broker node %d (%s:%d) has no proxy port in %s: clients are not told about it, so "
+                          "partitions it leads have no leader for them and groups it coordinates none; give it "
+                          "a port and restart the proxy", node_id, host, port, self._node_ports.describe())
+            return None
         if node_id not in self._servers:
             async with self._listen_lock:
                 if node_id not in self._servers and self._started:
                     self._servers[node_id] = await self._listen(node_id, advertised[1])
+                    self._check_certificate_names(advertised[0], f"broker node {node_id}")
         return advertised
 
     def upstream_addresses(self, node_id: int | None) -> list[tuple[str, int]]:
@@ -215,6 +232,18 @@ class ProxyServer:
             for connection in list(self._connections):
                 connection.check_timeouts(now, self._idle_s, self._receive_s)
 
+    def _check_certificate_names(self, host: str, listener: str) -> None:
+        """Warn once per host about a name the listeners' certificate does not cover:
+        clients that check host names (the default) would refuse the connection."""
+        names = self._certificate_names
+        if names is None or host in self._names_checked:
+            return
+        self._names_checked.add(host)
+        if not names.covers(host):
+            log.warning("proxy.ssl.certificate.location=%s does not name %s, the host clients are told for %s "
+                        "(its names: %s): clients that check host names will refuse it",
+                        self.config[PROXY_SSL_CERTIFICATE_LOCATION], host, listener, names)
+
     def _bound_port(self, node_id: int | None) -> int:
         return self._servers[node_id].sockets[0].getsockname()[1]
 
@@ -237,14 +266,28 @@ class ProxyServer:
         restart can reconnect. Asked with tierproxy's own credentials (security.protocol,
         sasl.*); best effort: without them a SASL broker refuses, and then the nodes are
         learned from the clients' own Metadata."""
+        response = await self._ask_brokers()
+        for broker in response.brokers if response is not None else ():
+            await self.learn(broker.node_id, broker.host, broker.port)
+
+    async def _ask_brokers(self) -> Any:
+        """Metadata (no topics) from the first bootstrap broker that answers; None if none
+        does. Without a login of its own (security.protocol) the proxy learns from it
+        whether the listener wants SASL: a broker that answered ApiVersions, then closed the
+        connection on Metadata, does."""
         for host, port in self._bootstrap:
             try:
                 async with await KafkaConnection.open(host, port, security=self._security, client_id="tierproxy",
                                                       timeout=self._connect_timeout) as connection:
-                    response = await connection.request(metadata_request(()), timeout=self._connect_timeout)
+                    try:
+                        response = await connection.request(metadata_request(()), timeout=self._connect_timeout)
+                    except KafkaConnectionError:
+                        self.upstream.learned(needs_sasl=True, how=f"{host}:{port} refused Metadata without a login")
+                        raise
             except (OSError, asyncio.TimeoutError, ProtocolError, KafkaConnectionError) as e:
                 log.info("no broker list from %s:%d (%s); learning nodes from client traffic", host, port, e)
                 continue
-            for broker in response.brokers:
-                await self.learn(broker.node_id, broker.host, broker.port)
-            return
+            if not self._security.sasl:
+                self.upstream.learned(needs_sasl=False, how=f"{host}:{port} answered Metadata without a login")
+            return response
+        return None

@@ -20,6 +20,7 @@ from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import TopicIdPartition
+from tierproxy.storage.quota import RateQuota, fetch_quota_settings
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.config import Config, TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE
@@ -50,6 +51,9 @@ class RemoteTier:
                                                    shared_index_dir=shared_index_dir)
         self.rsm.observe_requests(self.metrics.store_request)
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
+        # KIP-956: remote.log.manager.fetch.max.bytes.per.second, this process's share of it
+        # (proxy.workers divides it as it divides the other bounds).
+        self.fetch_quota = RateQuota(fetch_quota_settings(config))
         self._refresher: asyncio.Task | None = None
 
     async def start(self) -> None:

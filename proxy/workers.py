@@ -30,6 +30,7 @@ from tierproxy.config import (
     PROXY_BOOTSTRAP_PORT,
     PROXY_LISTENER_HOST,
     PROXY_WORKERS,
+    UNLIMITED_BYTES_PER_SECOND,
     REMOTE_LOG_INDEX_CACHE_DIR,
     REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES,
 )
@@ -55,6 +56,7 @@ _DIVIDED = (
     "remote.log.reader.max.pending.tasks",
     "max.connections",
     "max.connections.per.ip",
+    "remote.log.manager.fetch.max.bytes.per.second",
 )
 
 
@@ -63,8 +65,10 @@ def worker_count(config: Config) -> int:
 
 
 def shares(config: Config, count: int) -> dict[str, str]:
-    """One worker's overrides: its share of every bound the whole proxy must keep."""
-    return {name: str(max(config[name] // count, min(config[name], 1))) for name in _DIVIDED}
+    """One worker's overrides: its share of every bound the whole proxy must keep (no
+    quota stays no quota)."""
+    return {name: str(config[name] if config[name] == UNLIMITED_BYTES_PER_SECOND
+                      else max(config[name] // count, min(config[name], 1))) for name in _DIVIDED}
 
 
 def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> int:

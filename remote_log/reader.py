@@ -21,34 +21,37 @@ A remote fetch of (partition, fetch offset, max bytes):
    cache hit checks nothing again (consumers check batch CRCs themselves, as with a
    broker). A segment whose manifest predates block checksums gets the size check only
    from the store, so each batch of it passes its own CRC-32C as it is read instead.
-   A read stops before a batch that cannot be read (the intact batches before it are
-   served, as Kafka's reader stops at the first invalid batch); when it is the first
-   one, the read fails with CorruptRemoteSegment, counted, and the segment's cached
-   bytes are dropped so that a retry reads the store afresh.
+   A read stops before a batch that cannot be read, or before a block that fails its
+   check (the chunk holding it is never cached, and none of the block's bytes are
+   used): the intact batches in front of it are served, as Kafka's reader stops at the
+   first invalid batch, and the corruption is counted and logged. When there is no
+   intact batch in front of it, the read fails with CorruptRemoteSegment, counted, and
+   the segment's cached bytes are dropped so that a retry reads the store afresh.
 7. READ_COMMITTED: aborted transactions overlapping [fetch offset, last offset
    served + 1) from the transaction indexes of this and the following remote
    segments (`transactions`).
 
 Records come back as memoryview slices of cached chunks (a batch cut by a chunk
-boundary is the one copy, `protocol.records.log_batches_async`), to be written with
-`writelines`.
+boundary as the slices of both, `protocol.records.log_batches_async`), to be written
+with `writelines`: nothing is copied.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from cachetools import LRUCache
 
-from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
 from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.errors import DecodeError
-from tierproxy.protocol.records import HEADER_SIZE, Batch, crc_valid, log_batches_async
+from tierproxy.protocol.records import HEADER_SIZE, Batch, log_batches_async
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
@@ -65,6 +68,8 @@ from tierproxy.storage.rsm import RemoteStorageManager
 from .metrics import ReadErrorReason, RemoteMetrics
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
 from .transactions import collect_aborted
+
+log = logging.getLogger(__name__)
 
 
 class IsolationLevel(enum.IntEnum):
@@ -225,12 +230,12 @@ class RemoteLogReader:
         with self._corruption_of(segment):
             position = (await self.index_cache.offset_index(segment)).lookup(fetch_offset).position
             async with contextlib.aclosing(self._batches(segment, position, fetch_offset, read_ahead=True)) as batches:
-                async for batch in _until_invalid(batches, records):
+                async for batch in _until_invalid(batches, records, lambda e: self._stopped_early(segment, e)):
                     header = batch.header
                     found = True
                     if size + header.size > max_bytes and not (min_one_batch and not records):
                         break
-                    records.append(batch.view)
+                    records.extend(batch.parts)
                     size += header.size
                     position = batch.position + header.size
                     last_offset = header.last_offset
@@ -358,10 +363,21 @@ class RemoteLogReader:
         cache = self.chunk_cache
         first = position // cache.chunk_size
 
+        def from_position(chunk: bytes, index: int) -> bytes | memoryview:
+            return memoryview(chunk)[position - index * cache.chunk_size:] if index == first else chunk
+
         async def chunks() -> AsyncIterator[bytes | memoryview]:
             for index in range(first, cache.chunk_count(segment)):
-                chunk = await cache.get(segment, index, read_ahead=read_ahead)
-                yield memoryview(chunk)[position - index * cache.chunk_size:] if index == first else chunk
+                try:
+                    chunk = await cache.get(segment, index, read_ahead=read_ahead)
+                except CorruptChunk as e:
+                    # The checked bytes in front of the corrupt block still give their whole
+                    # batches; the read stops at the block with the store's own error.
+                    intact = from_position(e.intact, index)
+                    if len(intact):
+                        yield intact
+                    raise e.error from None
+                yield from_position(chunk, index)
 
         async with contextlib.aclosing(chunks()) as pieces, contextlib.aclosing(
                 log_batches_async(pieces, position=position, end=segment.segment_size_in_bytes)) as batches:
@@ -371,7 +387,7 @@ class RemoteLogReader:
                     return  # past a truncated segment's end: never served
                 if header.last_offset < from_offset:
                     continue
-                if not blocks_checked and not crc_valid(batch.buffer, header):
+                if not blocks_checked and not batch.crc_valid():
                     raise CorruptRemoteSegment(
                         f"segment {segment.segment_id.id} of {segment.topic_id_partition}: batch at offset "
                         f"{header.base_offset} fails its CRC-32C check")
@@ -398,6 +414,14 @@ class RemoteLogReader:
             self._forget(segment)
             raise
 
+    def _stopped_early(self, segment: RemoteLogSegmentMetadata, error: Exception) -> None:
+        """A read served the intact batches in front of bytes that cannot be read: the
+        corruption is counted as a failed read's would be."""
+        tp = segment.topic_id_partition
+        self.metrics.read_error(tp.topic, ReadErrorReason.CORRUPT)
+        log.warning("segment %s of %s: served the intact batches in front of bytes that cannot be read: %s",
+                    segment.segment_id.id, tp, error)
+
     def _forget(self, segment: RemoteLogSegmentMetadata) -> None:
         self.chunk_cache.invalidate(segment.segment_id.id)
         self.index_cache.invalidate(segment.segment_id.id)
@@ -421,16 +445,18 @@ class RemoteLogReader:
             raise
 
 
-async def _until_invalid(batches: AsyncIterator[Batch], served: list[memoryview]) -> AsyncIterator[Batch]:
+async def _until_invalid(batches: AsyncIterator[Batch], served: list[memoryview],
+                         stopped: Callable[[Exception], None]) -> AsyncIterator[Batch]:
     """The batches until one cannot be read (a corrupt length, header, CRC or block). Like
     Kafka's log reader, which stops at the first invalid batch, the intact batches before it
-    are served; only a read that starts at the invalid batch fails."""
+    are served (and `stopped` is told why); only a read that starts at the invalid batch fails."""
     try:
         async for batch in batches:
             yield batch
-    except (DecodeError, CorruptRemoteSegment):
+    except (DecodeError, CorruptRemoteSegment) as e:
         if not served:
             raise
+        stopped(e)
 
 
 def _record_at_or_after(batch: Batch, timestamp: int, starting_offset: int) -> TimestampAndOffset | None:

@@ -124,16 +124,29 @@ class RemoteLogReaderPool:
             self.metrics.read_error(topic, ReadErrorReason.QUEUE_FULL)
             self._observe("queue_full", submitted)
             return ReadOutcome(error=e)
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
+        # The wait runs out by cancelling the future, not the read: one timer, where
+        # wait_for(shield(...)) costs two more futures and a task per read.
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
             self._give_up(future)
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire) if timeout is not None else None
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not expired or (task is not None and task.cancelling()):  # the caller itself is cancelled
+                self._give_up(future)
+                raise
             self.metrics.fetch_expired.labels(topic).inc()
             self._observe("expired", submitted)
             return ReadOutcome(expired=True)
-        except asyncio.CancelledError:
-            self._give_up(future)
-            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         self._observe("ok" if outcome.error is None else "error", submitted)
         return outcome
 

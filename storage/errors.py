@@ -57,3 +57,13 @@ class IllegalStateTransition(RemoteLogMetadataError):
 
 class MetadataNotReady(RemoteLogMetadataError):
     """A partition's remote log metadata has not been loaded yet (REPLICA_NOT_AVAILABLE)."""
+
+
+class CorruptRangeRead(CorruptRemoteSegment):
+    """A read into a caller's buffer stopped at corrupt data (`error`, the store's own):
+    the first `filled` bytes of the buffer are checked and may be used."""
+
+    def __init__(self, filled: int, error: CorruptRemoteSegment) -> None:
+        super().__init__(str(error))
+        self.filled = filled
+        self.error = error

@@ -69,19 +69,26 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
             return await asyncio.to_thread(self.path_of(key).read_bytes)
 
     @contextlib.asynccontextmanager
-    async def _open_range(self, key: str, first: int, last: int) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def _open_range(self, key: str, first: int, last: int,
+                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
         with _storage_errors(key):
             fd = await asyncio.to_thread(os.open, self.path_of(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            yield os.fstat(fd).st_size, self._pread_chunks(key, fd, first, last)
+            yield os.fstat(fd).st_size, self._pread_chunks(key, fd, first, last, into)
         finally:
             os.close(fd)
 
-    async def _pread_chunks(self, key: str, fd: int, first: int, last: int) -> AsyncIterator[bytes]:
+    async def _pread_chunks(self, key: str, fd: int, first: int, last: int,
+                            into: memoryview | None) -> AsyncIterator[bytes | memoryview]:
         position = first
         while position <= last:
+            size = min(self.chunk_bytes, last - position + 1)
             with _storage_errors(key):
-                chunk = await asyncio.to_thread(os.pread, fd, min(self.chunk_bytes, last - position + 1), position)
+                if into is None:
+                    chunk: bytes | memoryview = await asyncio.to_thread(os.pread, fd, size, position)
+                else:  # into the caller's (reused) buffer: no fresh memory to fault in
+                    target = into[position - first:position - first + size]
+                    chunk = target[:await asyncio.to_thread(os.preadv, fd, [target], position)]
             if not chunk:
                 return  # the file shrank under us; the caller counts the bytes
             position += len(chunk)

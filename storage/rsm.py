@@ -30,6 +30,7 @@ Behaviour the Java interface leaves open, fixed here:
 from __future__ import annotations
 
 import abc
+import contextlib
 import asyncio
 import base64
 import enum
@@ -42,7 +43,7 @@ import crc32c
 from cachetools import LRUCache
 
 from .encryption import KeyRing, ObjectCipher, SegmentCipher
-from .errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
+from .errors import CorruptRangeRead, CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
 from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
@@ -118,6 +119,17 @@ class RemoteStorageManager(abc.ABC):
         Errors surface on the first iteration. A caller that stops early should
         close the stream (`contextlib.aclosing`) to release the connection at once.
         """
+
+    async def read_log_into(self, metadata: RemoteLogSegmentMetadata, start_position: int, buffer: memoryview) -> None:
+        """Fill `buffer` with the `.log` bytes from `start_position` on, checked as
+        `fetch_log_segment` checks them; CorruptRemoteSegment when the segment has fewer.
+
+        A reader that keeps a buffer per chunk (the chunk cache) passes one it reuses, so
+        that a load does not fault in fresh memory; a store that can read straight into it
+        does (the local one), the others' chunks are copied into it once.
+        """
+        stream = self.fetch_log_segment(metadata, start_position, start_position + len(buffer) - 1)
+        await _fill(buffer, stream, metadata, start_position)
 
     @abc.abstractmethod
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
@@ -201,12 +213,14 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     @abc.abstractmethod
     def _open_range(
-        self, key: str, first: int, last: int
+        self, key: str, first: int, last: int, into: memoryview | None = None
     ) -> AbstractAsyncContextManager[tuple[int, AsyncIterator[bytes | memoryview]]]:
         """Open bytes [first, last] of an object (inclusive, last < its size).
 
         Yields the object's total size and an iterator over the range's chunks;
-        leaving the context releases the file or connection.
+        leaving the context releases the file or connection. A backend that can read
+        straight into `into` (as long as the range) yields views of it, in order;
+        one that cannot ignores it.
         """
 
     @abc.abstractmethod
@@ -278,8 +292,12 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             raise ValueError(f"end position {end_position} is before start position {start_position}")
         return self._stream_log(metadata, start_position, end_position)
 
+    async def read_log_into(self, metadata: RemoteLogSegmentMetadata, start_position: int, buffer: memoryview) -> None:
+        stream = self._stream_log(metadata, start_position, start_position + len(buffer) - 1, into=buffer)
+        await _fill(buffer, stream, metadata, start_position)
+
     async def _stream_log(
-        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None
+        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None, *, into: memoryview | None = None
     ) -> AsyncIterator[bytes | memoryview]:
         manifest = await self._manifest(metadata)
         entry = _entry(manifest, metadata, ObjectType.LOG)
@@ -302,7 +320,9 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             else:
                 first, stop = start, last + 1
             stored_size = manifest.stored_size(entry)
-            async with self._open_range(key, first, stop - 1) as (object_size, chunks):
+            # Straight into the caller's buffer only when the stored bytes are the range itself.
+            target = into if sealed is None and first == start and stop == last + 1 else None
+            async with self._open_range(key, first, stop - 1, target) as (object_size, chunks):
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
                 if sealed is not None:
@@ -453,7 +473,8 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
     compared with its CRC-32C in the manifest before any of it is passed on.
 
     Whole blocks inside a chunk are checked and passed on as views of it; only a block
-    split between two chunks is copied together.
+    split between two chunks is copied together. Every block before a corrupt one is
+    passed on before the error is raised, so a reader keeps the intact bytes in front of it.
     """
     block_bytes = entry.block_bytes
     end = min(entry.size, (last // block_bytes + 1) * block_bytes)  # where the read stops
@@ -472,10 +493,16 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
         if not pending and start <= position and position + len(view) <= last + 1 \
                 and (len(view) % block_bytes == 0 or position + len(view) == end):
             # The chunk is whole blocks, all wanted: checked, and passed on as it came.
-            while view:
-                checked(view[:block_bytes])
-                position += len(view[:block_bytes])
-                view = view[block_bytes:]
+            whole = view
+            try:
+                while view:
+                    checked(view[:block_bytes])
+                    position += len(view[:block_bytes])
+                    view = view[block_bytes:]
+            except CorruptRemoteSegment:
+                if len(view) < len(whole):  # the blocks checked before the corrupt one
+                    yield whole[:len(whole) - len(view)]
+                raise
             yield chunk
             continue
         if pending:  # complete the block the previous chunk began
@@ -499,6 +526,37 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
             view = view[len(block):]
         if view:
             pending += view
+
+
+async def _fill(buffer: memoryview, stream: AsyncIterator[bytes | memoryview], metadata: RemoteLogSegmentMetadata,
+                start: int) -> None:
+    """`buffer` filled from `stream`; corrupt data raises CorruptRangeRead telling how much
+    of the buffer was filled, checked, before it."""
+    filled = 0
+    async with contextlib.aclosing(stream):
+        try:
+            async for part in stream:
+                filled = _copy_into(buffer, filled, part, metadata)
+        except CorruptRemoteSegment as e:
+            raise CorruptRangeRead(filled, e) from e
+    _check_filled(buffer, filled, metadata, start)
+
+
+def _copy_into(buffer: memoryview, filled: int, part: bytes | memoryview, metadata: RemoteLogSegmentMetadata) -> int:
+    """`part` placed after the `filled` bytes of `buffer`; the new fill. A view of the
+    buffer's own memory is a part the store read there, in order: already in place."""
+    size = len(part)
+    if filled + size > len(buffer):
+        raise CorruptRemoteSegment(f"segment {metadata.segment_id.id}: more bytes than the {len(buffer)} asked for")
+    if not (isinstance(part, memoryview) and part.obj is buffer.obj):
+        buffer[filled:filled + size] = part
+    return filled + size
+
+
+def _check_filled(buffer: memoryview, filled: int, metadata: RemoteLogSegmentMetadata, start: int) -> None:
+    if filled != len(buffer):
+        raise CorruptRemoteSegment(f"segment {metadata.segment_id.id}: {filled} bytes from position {start}, "
+                                   f"expected {len(buffer)}")
 
 
 def _entry(manifest: Manifest, metadata: RemoteLogSegmentMetadata, object_type: ObjectType) -> ObjectEntry:

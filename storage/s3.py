@@ -269,7 +269,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         return await self._call("get", f"get {self._where(key)}", get)
 
     @contextlib.asynccontextmanager
-    async def _open_range(self, key: str, first: int, last: int) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def _open_range(self, key: str, first: int, last: int,
+                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
         where = self._where(key)
         try:
             response = await self._call(

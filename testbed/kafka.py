@@ -2,7 +2,8 @@
 
 Every node runs ``process.roles=broker,controller`` in its own JVM; the static
 controller quorum (``controller.quorum.voters``) spans all nodes. Node ids are
-0..n-1. Each node has three listeners on free ports chosen at start:
+``first_node_id`` .. ``first_node_id`` + n - 1 (0 .. n-1 by default; real clusters
+often number from 1 or 1001). Each node has three listeners on free ports chosen at start:
 
 - ``CLIENT``: what ``bootstrap_servers`` names and what Metadata returns.
   PLAINTEXT, or SASL_PLAINTEXT with the PLAIN mechanism when
@@ -176,10 +177,14 @@ class KafkaCluster:
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         start_timeout: float = START_TIMEOUT_S,
         detached: bool = False,
+        first_node_id: int = 0,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, got {brokers}")
+        if first_node_id < 0:
+            raise ValueError(f"first_node_id must be >= 0, got {first_node_id}")
         self._count = brokers
+        self._first_node_id = first_node_id
         self._overrides = {k: str(v) for k, v in (broker_config or {}).items()}
         self._given_workdir = Path(workdir) if workdir is not None else None
         self._workdir: Path | None = self._given_workdir
@@ -370,7 +375,8 @@ class KafkaCluster:
         per_node = 4 if self.secure else 3
         ports = free_ports(per_node * self._count)
         self._nodes = [
-            _Node(i, self._workdir / f"node-{i}", *ports[per_node * i:per_node * (i + 1)])
+            _Node(self._first_node_id + i, self._workdir / f"node-{self._first_node_id + i}",
+                  *ports[per_node * i:per_node * (i + 1)])
             for i in range(self._count)
         ]
         if self.secure:
@@ -588,7 +594,7 @@ class KafkaCluster:
             listed = probe.metadata_brokers(LOOPBACK, node.internal_port, timeout=1.0)
         except (OSError, probe.ProbeError, struct.error):
             return False
-        return sorted(node_id for node_id, _, _ in listed) == list(range(self._count))
+        return sorted(node_id for node_id, _, _ in listed) == [n.node_id for n in self._nodes]
 
     def _startup_report(self, node: _Node, reason: str) -> str:
         return (f"Kafka {self.version} did not start: {reason}\n"

@@ -3,10 +3,15 @@
 Metadata, FindCoordinator (v4+ its coordinators list), DescribeCluster and the
 ``node_endpoints`` of Fetch (v16+) and Produce (v10+) responses name brokers by node
 id, host and port. Each node is learned (its listener opened before the client can
-read the answer) and advertised as the proxy host and ``proxy.broker.port.base +
-node id``, as in kroxylicious' BrokerAddressFilter: one filter for every API whose
-responses name brokers, first in the chain so that it sees the response last, after
-every other filter of the API made it (Fetch's answers from the remote tier included).
+read the answer) and advertised as the host and port the configuration gives it
+(`config.broker_ports`), as in kroxylicious' BrokerAddressFilter: one filter for every
+API whose responses name brokers, first in the chain so that it sees the response last,
+after every other filter of the API made it (Fetch's answers from the remote tier included).
+
+A node the configuration gives no port is left out of every broker list, so clients
+never connect around the proxy: partitions it leads have a leader no client can find
+(they treat it as a leader election, ask Metadata again and go on with the others), and
+FindCoordinator naming it answers COORDINATOR_NOT_AVAILABLE, which clients retry.
 
 A Fetch response stays buffers: its node endpoints are in its top-level tagged-field
 section, which ends the payload and which the Fetch filter's scan of the broker's
@@ -25,7 +30,7 @@ from typing import Any
 
 from kio.static.primitive import i32
 
-from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_payload, kio_versions, schema_fields
 from tierproxy.protocol.codecs import response_schema
 
@@ -41,16 +46,34 @@ _DESCRIBE_CLUSTER_ENDPOINT_TYPE_VERSION = 1
 _FIND_COORDINATOR_BATCHED_VERSION = 4  # KIP-699: one coordinator per key
 
 
-async def _rewritten(ctx: ConnectionContext, entity: Any, id_field: str = "node_id") -> Any:
+async def _rewritten(ctx: ConnectionContext, entity: Any, id_field: str = "node_id") -> Any | None:
+    """The entity naming the proxy's listener for its node; None when the node has none."""
     node_id = getattr(entity, id_field)
     if node_id < 0:  # "no node", e.g. FindCoordinator with COORDINATOR_NOT_AVAILABLE
         return entity
-    host, port = await ctx.services.nodes.learn(node_id, entity.host, entity.port)
+    advertised = await ctx.services.nodes.learn(node_id, entity.host, entity.port)
+    if advertised is None:
+        return None
+    host, port = advertised
     return dataclasses.replace(entity, host=host, port=i32(port))
 
 
 async def _rewrite_all(ctx: ConnectionContext, entities: tuple[Any, ...], id_field: str = "node_id") -> tuple:
-    return tuple([await _rewritten(ctx, entity, id_field) for entity in entities])
+    """The entities naming the proxy's listeners; nodes without one are left out."""
+    rewritten = [await _rewritten(ctx, entity, id_field) for entity in entities]
+    return tuple(entity for entity in rewritten if entity is not None)
+
+
+async def _coordinator(ctx: ConnectionContext, entity: Any) -> Any:
+    """A coordinator naming the proxy's listener, or COORDINATOR_NOT_AVAILABLE (which
+    clients retry) when its node has none."""
+    rewritten = await _rewritten(ctx, entity)
+    if rewritten is not None:
+        return rewritten
+    answer = dict(node_id=i32(-1), host="", port=i32(-1), error_code=ErrorCode.coordinator_not_available)
+    if any(f.name == "error_message" for f in dataclasses.fields(entity)):
+        answer["error_message"] = f"broker node {entity.node_id} has no tierproxy listener"
+    return dataclasses.replace(entity, **answer)
 
 
 async def _metadata(ctx: ConnectionContext, response: Any) -> Any:
@@ -59,8 +82,9 @@ async def _metadata(ctx: ConnectionContext, response: Any) -> Any:
 
 async def _find_coordinator(ctx: ConnectionContext, response: Any) -> Any:
     if response.__version__ >= _FIND_COORDINATOR_BATCHED_VERSION:
-        return dataclasses.replace(response, coordinators=await _rewrite_all(ctx, response.coordinators))
-    return await _rewritten(ctx, response)
+        return dataclasses.replace(response, coordinators=tuple(
+            [await _coordinator(ctx, coordinator) for coordinator in response.coordinators]))
+    return await _coordinator(ctx, response)
 
 
 async def _describe_cluster(ctx: ConnectionContext, response: Any) -> Any:

@@ -34,13 +34,14 @@ get the broker's response payload (response header removed)."""
 class NodeDirectory(Protocol):
     """Where broker nodes really are and where clients are told they are."""
 
-    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
         """Record a broker node's address, make sure its proxy listener is open, and
-        return the (host, port) to advertise to clients for it."""
+        return the (host, port) to advertise to clients for it; None when the
+        configuration gives the node no listener (clients must not be told about it)."""
         ...
 
-    def advertised(self, node_id: int) -> tuple[str, int]:
-        """The proxy's (host, port) for a broker node."""
+    def advertised(self, node_id: int) -> tuple[str, int] | None:
+        """The proxy's (host, port) for a broker node; None when it has none."""
         ...
 
 

@@ -76,7 +76,6 @@ from .fetch_wire import (
     TOPIC_ID_VERSION,
     RemotePartition,
     ScannedResponse,
-    compact_records,
     encode_fetch_response,
     request_session,
     scan_fetch_response,
@@ -162,7 +161,9 @@ class FetchFilter(Filter):
                 error_code=int(ErrorCode.fetch_session_id_not_found)))
         if not remote:
             return _as_answered(payload, scan, version)
-        await self._read(remote, request, scan.records_size, state)
+        started = time.monotonic()
+        remote_bytes = await self._read(remote, request, scan.records_size, state)
+        await self._hold_while_throttled(request, started, scan.records_size + remote_bytes)
         response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
@@ -209,7 +210,20 @@ class FetchFilter(Filter):
             if waited is not None:
                 payload, scan = waited
                 used = scan.records_size
+        elif broker_request is None:
+            await self._hold_while_throttled(request, started, remote_bytes)
         return await self._merge(request, payload, scan, remote, queries, used, in_request_order=True)
+
+    async def _hold_while_throttled(self, request: Any, started: float, available: int) -> None:
+        """Over the fetch quota with nothing to answer, the Fetch waits what is left of its
+        max_wait_ms, or until the quota allows reads again if that is sooner, as a broker
+        parks a fetch without data: the client does not spin on empty answers."""
+        throttle = self.tier.fetch_quota.throttle_time()
+        if throttle <= 0 or available:
+            return
+        left = request.max_wait.total_seconds() - (time.monotonic() - started)
+        if left > 0:
+            await asyncio.sleep(min(throttle, left))
 
     async def _await_min_bytes(
         self, request: Any, broker_request: Any, client_request: ClientRequest, call_next: CallNext, started: float,
@@ -354,6 +368,11 @@ class FetchFilter(Filter):
             planned += min(entry.request.partition_max_bytes, budget)
         state.remote_rotation = start + len(chosen)
         chosen[0].min_one_batch = used == 0  # KIP-74: the first partition gets one whole batch
+        quota = self.tier.fetch_quota
+        throttle = quota.throttle_time()
+        if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
+            self.tier.metrics.fetch_throttle_seconds.observe(throttle)
+            return 0
 
         async def read(entry: _Remote) -> None:
             remote_start = entry.remote_log_start
@@ -376,9 +395,14 @@ class FetchFilter(Filter):
                 log_start_offset=remote_start,
             )
 
-        await asyncio.gather(*(read(entry) for entry in chosen))
-        return sum(e.outcome.value.records_size for e in chosen
-                   if e.outcome is not None and e.outcome.value is not None)
+        if len(chosen) == 1:
+            await read(chosen[0])
+        else:
+            await asyncio.gather(*(read(entry) for entry in chosen))
+        served = sum(e.outcome.value.records_size for e in chosen
+                     if e.outcome is not None and e.outcome.value is not None)
+        quota.record(served)
+        return served
 
     # ------------------------------------------------------------------ the response
 
@@ -449,7 +473,7 @@ class FetchFilter(Filter):
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
                 elif result.records_size and (result.records_size <= budget or entry.min_one_batch):
-                    records, size = compact_records(result.records), result.records_size
+                    records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:
                         aborted = await self._aborted(entry, result, queries)

@@ -36,8 +36,8 @@ from tierproxy.protocol.headers import read_unsigned_varint, skip_tagged_fields
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ("OUT_OF_RANGE", "RemotePartition", "ScannedPartition", "ScannedResponse", "compact_records",
-           "encode_fetch_response", "request_session", "scan_fetch_response")
+__all__ = ("OUT_OF_RANGE", "RemotePartition", "ScannedPartition", "ScannedResponse", "encode_fetch_response",
+           "request_session", "scan_fetch_response")
 
 FLEXIBLE_VERSION = 12
 TOPIC_ID_VERSION = 13
@@ -281,28 +281,6 @@ class RemotePartition(NamedTuple):
     #: whole record batches, written as they are
     records: Sequence[Buffer]
     records_size: int
-
-
-PIN_RATIO = 4
-"""A slice that would keep a buffer more than this many times its size alive is copied."""
-
-
-def compact_records(records: Sequence[memoryview]) -> list[Buffer]:
-    """Record batches to send, as slices of the buffers they were read into, except the
-    runs of slices that are a small part of a large buffer (a few batches of a remote
-    chunk): those are copied, so that a response waiting for a slow client keeps at most
-    PIN_RATIO times its remote bytes in memory, not whole chunks."""
-    out: list[Buffer] = []
-    run: list[memoryview] = []
-    for view in [*records, None]:
-        if run and (view is None or view.obj is not run[0].obj):
-            owner = memoryview(run[0].obj).nbytes
-            size = sum(v.nbytes for v in run)
-            out.extend([b"".join(run)] if size * PIN_RATIO < owner else run)
-            run = []
-        if view is not None:
-            run.append(view)
-    return out
 
 
 def _uvarint(value: int) -> bytes:

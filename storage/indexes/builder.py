@@ -246,6 +246,7 @@ def _batches(chunks: Iterable[bytes | bytearray | memoryview], size: int,
              name: str) -> Iterator[tuple[BatchHeader, bytes | bytearray | memoryview, int]]:
     try:
         for batch in log_batches(chunks, end=size):
-            yield batch.header, batch.buffer, batch.position
+            # A cut batch's header is at 0 of its bytes joined (markers' records are read there).
+            yield batch.header, batch.view if batch.cut else batch.buffer, batch.position
     except DecodeError as e:
         raise CorruptLogError(f"{name}: {e}") from None

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
 from tierproxy.remote_log.metrics import RemoteMetrics
-from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteStorageError
+from tierproxy.storage.manifest import BLOCK_BYTES
+from tierproxy.storage.rsm import ObjectType
 
 from tests.helpers.remote_log import CountingRSM, build_partition, local_remote_log, one_segment
 
@@ -73,6 +75,31 @@ async def test_a_failed_read_is_not_cached(tmp_path: Path) -> None:
         counting.fail_with = None
         assert await cache.get(segment, 0) == partition.log_of(0)[:CHUNK]
         assert len(counting.range_reads) == 2
+        await cache.close()
+
+
+async def test_a_chunk_with_a_corrupt_block_is_not_cached_and_gives_its_intact_bytes(tmp_path: Path) -> None:
+    """Block 1 of the chunk fails its CRC-32C: `get` raises CorruptChunk carrying the store's
+    error and the chunk's bytes of block 0 (checked), and keeps nothing of the chunk."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=60,
+                                          value_size=4000)
+        segment = partition.segments[0]
+        log = partition.log_of(0)
+        assert len(log) > 2 * BLOCK_BYTES
+        path = rsm.path_of(rsm._key(segment, ObjectType.LOG))
+        tampered = bytearray(log)
+        tampered[BLOCK_BYTES + 10] ^= 0x01
+        path.write_bytes(bytes(tampered))
+        cache = ChunkCache(rsm, chunk_size=2 * BLOCK_BYTES, max_bytes=1 << 22, read_ahead_chunks=0)
+        outcomes = await asyncio.gather(*(cache.get(segment, 0) for _ in range(3)), return_exceptions=True)
+        for outcome in outcomes:  # every waiter of the one load
+            assert isinstance(outcome, CorruptChunk) and isinstance(outcome, CorruptRemoteSegment)
+            assert outcome.intact == log[:BLOCK_BYTES]
+            assert "block 1" in str(outcome.error) and not isinstance(outcome.error, CorruptChunk)
+        assert len(cache) == 0 and cache.total_bytes == 0
+        path.write_bytes(log)
+        assert await cache.get(segment, 0) == log[:2 * BLOCK_BYTES]
         await cache.close()
 
 
@@ -160,3 +187,38 @@ async def test_invalidate_drops_a_segments_chunks(tmp_path: Path) -> None:
         assert len(cache) == 2 and cache.total_bytes == 2 * CHUNK
         assert (two.segment_id.id, 1) in cache
         await cache.close()
+
+
+async def test_evicted_chunks_buffers_are_reused_only_once_no_reader_views_them(tmp_path: Path) -> None:
+    """A chunk is read into the buffer of an evicted one (no fresh memory per load), but
+    never into one whose bytes a reader still holds: those bytes stay what they were."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+        segment = partition.segments[0]
+        log = partition.log_of(0)
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+        held = (await cache.get(segment, 0))[:100]  # a reader's slice, as a response keeps one
+        for index in range(1, cache.chunk_count(segment)):
+            chunk = await cache.get(segment, index)
+            assert bytes(chunk) == log[index * CHUNK:(index + 1) * CHUNK]
+        assert bytes(held) == log[:100]  # its buffer was never read into again
+        assert cache._buffers.reused > 0
+        await cache.close()
+
+
+def test_a_buffer_is_handed_out_again_only_without_views() -> None:
+    from tierproxy.cache.chunk_buffers import ChunkBuffers
+
+    buffers = ChunkBuffers(16, keep=2)
+    first = buffers.take()
+    first_id = id(first)
+    view = memoryview(first)[2:4]  # what a response waiting to be written holds
+    buffers.retire(first)
+    del first
+    second = buffers.take()
+    assert id(second) != first_id  # a view of the first is alive: a new buffer
+    buffers.retire(second)
+    del second
+    del view
+    assert id(buffers.take()) == first_id
+    assert buffers.reused == 1

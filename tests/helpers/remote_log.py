@@ -185,13 +185,20 @@ class CountingRSM:
     async def _fetch(
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None
     ) -> AsyncIterator[bytes | memoryview]:
+        await self._range_read(metadata, start, end)
+        async for chunk in self.inner.fetch_log_segment(metadata, start, end):
+            yield chunk
+
+    async def read_log_into(self, metadata: RemoteLogSegmentMetadata, start: int, buffer: memoryview) -> None:
+        await self._range_read(metadata, start, start + len(buffer) - 1)
+        await self.inner.read_log_into(metadata, start, buffer)
+
+    async def _range_read(self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None) -> None:
         self.range_reads.append((metadata.segment_id.id, start, end))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fail_with is not None:
             raise self.fail_with
-        async for chunk in self.inner.fetch_log_segment(metadata, start, end):
-            yield chunk
 
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: Any) -> bytes:
         self.index_reads.append((metadata.segment_id.id, index_type))

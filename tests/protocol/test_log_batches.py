@@ -38,16 +38,21 @@ def test_every_chunking_gives_the_batches_of_one_chunk(shapes, data, size_known)
     chunks = _chunked(log, _cuts(data, len(log)))
     batches = list(log_batches(chunks, end=len(log) if size_known else None))
     assert _seen(batches) == whole
-    # A batch inside one chunk is a view of that chunk; only a batch cut by a boundary is a copy.
+    # A batch inside one chunk is a view of that chunk; a batch cut by a boundary is views of
+    # its parts in the chunks it spans, nothing copied but its header.
     starts = [0]
     for chunk in chunks:
         starts.append(starts[-1] + len(chunk))
     for b in batches:
         inside = [c for c, s in zip(chunks, starts) if s <= b.position and b.position + b.header.size <= s + len(c)]
         if inside:
-            assert b.buffer is inside[0]
+            assert b.buffer is inside[0] and not b.cut
+            assert b.parts == (b.view,)
         else:
-            assert isinstance(b.buffer, bytearray) and len(b.buffer) == b.header.size
+            assert len(b.cut) >= 2 and sum(len(part) for part in b.cut) == b.header.size
+            assert all(any(part.obj is chunk for chunk in chunks) for part in b.cut)
+            assert b"".join(b.parts) == bytes(b.view)
+        assert b.crc_valid()
 
 
 @given(batch_shapes, st.data())
@@ -138,3 +143,16 @@ def test_bytes_that_cannot_be_a_batch_name_their_position_in_the_log():
     chunks = [bytes(broken[:headers[2].position + 5]), bytes(broken[headers[2].position + 5:])]
     with pytest.raises(DecodeError, match=f"record batch at byte {headers[2].position} has magic 7"):
         list(log_batches(chunks))
+
+
+def test_a_cut_batch_fails_its_crc_when_any_part_is_damaged():
+    log, _ = build_log([(3, 100)] * 2)
+    first = next(iter_batches(log))
+    for flipped in (first.position + 30, first.end_position - 1):  # before and after the cut
+        damaged = bytearray(log)
+        damaged[flipped] ^= 0xFF
+        middle = first.position + first.size // 2
+        (batch, *_) = log_batches([bytes(damaged[:middle]), bytes(damaged[middle:])])
+        assert batch.cut and not batch.crc_valid()
+    (intact, *_) = log_batches([log[:first.size // 2], log[first.size // 2:]])
+    assert intact.cut and intact.crc_valid()

@@ -12,7 +12,7 @@ from tierproxy.config import parse
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.headers import encode_request_header, peek_request_header, request_header_version
-from tierproxy.proxy.authentication import OpenGate, SaslGate, UnauthenticatedRequest, authentication_gate
+from tierproxy.proxy.authentication import LearningGate, SaslGate, UnauthenticatedRequest, UpstreamListener
 
 PRE_AUTH = 512 * 1024
 AFTER = 100 * 1024 * 1024
@@ -33,13 +33,65 @@ def _authenticate_response(error_code: int) -> memoryview:
     return memoryview(struct.pack(">ih", 1, error_code) + struct.pack(">h", -1) + struct.pack(">i", 0) + b"\0" * 8)
 
 
-def test_the_gate_follows_the_security_protocol():
-    gate = authentication_gate(parse({"bootstrap.servers": "b:9092", "security.protocol": "SASL_PLAINTEXT",
-                                      "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}))
-    assert isinstance(gate, SaslGate) and not gate.authenticated
-    open_gate = authentication_gate(parse({"bootstrap.servers": "b:9092"}))
-    assert isinstance(open_gate, OpenGate) and open_gate.authenticated
-    assert open_gate.check_request(*_request(ApiKey.FETCH, 12)) is None
+def _listener(**settings: str) -> UpstreamListener:
+    return UpstreamListener(parse({"bootstrap.servers": "b:9092", **settings}))
+
+
+def test_the_gate_follows_what_is_known_of_the_listener():
+    sasl = _listener(**{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "u",
+                        "sasl.password": "p"})
+    gate = sasl.gate()
+    assert isinstance(gate, SaslGate) and not gate.authenticated and gate.max_frame_bytes == PRE_AUTH
+    sasl.learned(needs_sasl=False, how="test")  # security.protocol decides, nothing learned overrides it
+    assert isinstance(sasl.gate(), SaslGate)
+
+    listener = _listener()  # PLAINTEXT: the proxy's own connections say nothing of the listener
+    assert listener.needs_sasl is None
+    unknown = listener.gate()
+    assert isinstance(unknown, LearningGate) and unknown.max_frame_bytes == PRE_AUTH
+    assert unknown.check_request(*_request(ApiKey.FETCH, 12)) is None  # the broker refuses it if it must
+    listener.learned(needs_sasl=False, how="test")
+    known = listener.gate()
+    assert known.max_frame_bytes == AFTER and known.authenticated
+    listener.learned(needs_sasl=True, how="test")
+    assert listener.gate().max_frame_bytes == PRE_AUTH
+
+
+def test_a_broker_answering_a_request_lifts_the_bound_and_teaches_the_listener():
+    listener = _listener()
+    gate = listener.gate()
+    gate.check_request(*_request(ApiKey.API_VERSIONS, 3))
+    assert not gate.answered(ApiKey.API_VERSIONS)  # answered on SASL listeners too
+    assert gate.max_frame_bytes == PRE_AUTH and listener.needs_sasl is None
+    gate.check_request(*_request(ApiKey.METADATA, 12))
+    assert gate.answered(ApiKey.METADATA)
+    assert gate.max_frame_bytes == AFTER and not gate.learning
+    assert listener.needs_sasl is False and listener.gate().max_frame_bytes == AFTER
+
+
+def test_a_sasl_handshake_hands_the_connection_to_the_brokers_rules():
+    gate = _listener().gate()
+    assert gate.check_request(*_handshake("PLAIN")) is None
+    assert not gate.authenticated and gate.max_frame_bytes == PRE_AUTH
+    with pytest.raises(UnauthenticatedRequest):
+        gate.check_request(*_request(ApiKey.FETCH, 12))
+    gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1))(_authenticate_response(0))
+    assert gate.authenticated and gate.max_frame_bytes == AFTER
+
+
+def test_a_broker_closing_an_unanswered_connection_makes_a_plaintext_belief_doubtful():
+    listener = _listener()
+    listener.learned(needs_sasl=False, how="test")
+    quiet = listener.gate()
+    quiet.broker_closed()  # nothing asked: an idle connection closed, nothing learned
+    assert listener.needs_sasl is False
+    refused = listener.gate()
+    refused.check_request(*_request(ApiKey.API_VERSIONS, 3))
+    refused.answered(ApiKey.API_VERSIONS)
+    refused.check_request(*_request(ApiKey.PRODUCE, 9))
+    refused.broker_closed()  # as a SASL listener does to a client that skips the login
+    assert listener.needs_sasl is None
+    assert listener.gate().max_frame_bytes == PRE_AUTH
 
 
 def test_scram_authenticates_after_two_successful_rounds_and_lifts_the_frame_bound():

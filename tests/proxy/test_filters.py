@@ -41,18 +41,21 @@ PROXY_HOST = "proxy.example"
 PORT_BASE = 40000
 
 
+NO_PORT_FROM = 100  # nodes from here on have no listener
+
+
 class Nodes:
-    """The proxy's node directory: node N is PROXY_HOST:PORT_BASE+N."""
+    """The proxy's node directory: node N < NO_PORT_FROM is PROXY_HOST:PORT_BASE+N."""
 
     def __init__(self) -> None:
         self.learned: list[tuple[int, str, int]] = []
 
-    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+    async def learn(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
         self.learned.append((node_id, host, port))
         return self.advertised(node_id)
 
-    def advertised(self, node_id: int) -> tuple[str, int]:
-        return PROXY_HOST, PORT_BASE + node_id
+    def advertised(self, node_id: int) -> tuple[str, int] | None:
+        return (PROXY_HOST, PORT_BASE + node_id) if node_id < NO_PORT_FROM else None
 
 
 def _context(filters: FilterChains, answer: Any = None) -> ConnectionContext:
@@ -246,3 +249,46 @@ def test_the_address_filter_is_not_in_fetch_chains_without_node_endpoints(api_ve
     filters = FilterChains([BrokerAddressFilter()])
     assert filters.chain(ApiKey.FETCH, api_version) == ()
     assert filters.chain(ApiKey.FETCH, 16) != ()
+
+
+async def test_a_node_without_a_listener_is_never_named_to_clients():
+    """Left out of broker lists and node endpoints; as a coordinator, COORDINATOR_NOT_AVAILABLE."""
+    from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest as FindCoordinatorV3
+    from kio.schema.find_coordinator.v3.response import FindCoordinatorResponse as CoordinatorV3
+    from kio.schema.find_coordinator.v6.request import FindCoordinatorRequest as FindCoordinatorV6
+    from kio.schema.find_coordinator.v6.response import Coordinator, FindCoordinatorResponse as CoordinatorV6
+    from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseBroker
+
+    filters = FilterChains([BrokerAddressFilter()])
+    brokers = tuple(MetadataResponseBroker(node_id=i32(n), host=f"broker-{n}", port=i32(9092), rack=None)
+                    for n in (1, NO_PORT_FROM + 1))
+    metadata = MetadataResponse(throttle_time=datetime.timedelta(0), brokers=brokers, cluster_id="c",
+                                controller_id=i32(1), topics=())
+    ctx = _context(filters, answer=encode_payload(metadata))
+    response = await run_chain(filters.chain(ApiKey.METADATA, 12), ctx, _request(metadata_request(())))
+    assert [(b.node_id, b.host, b.port) for b in response.body.brokers] == [(1, PROXY_HOST, PORT_BASE + 1)]
+
+    elsewhere = NO_PORT_FROM + 1
+    v6 = CoordinatorV6(throttle_time=datetime.timedelta(0), coordinators=(
+        Coordinator(key="g", node_id=i32(elsewhere), host="broker", port=i32(9092), error_code=ErrorCode.none,
+                    error_message=None),))
+    ctx = _context(filters, answer=encode_payload(v6))
+    answer = await run_chain(filters.chain(ApiKey.FIND_COORDINATOR, 6), ctx,
+                             _request(FindCoordinatorV6(key_type=0, coordinator_keys=("g",))))
+    (coordinator,) = answer.body.coordinators
+    assert (coordinator.error_code, coordinator.node_id, coordinator.host, coordinator.port) == (
+        ErrorCode.coordinator_not_available, -1, "", -1)
+    assert f"node {elsewhere}" in coordinator.error_message
+    v3 = CoordinatorV3(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, error_message=None,
+                       node_id=i32(elsewhere), host="broker", port=i32(9092))
+    ctx = _context(filters, answer=encode_payload(v3))
+    answer = await run_chain(filters.chain(ApiKey.FIND_COORDINATOR, 3), ctx,
+                             _request(FindCoordinatorV3(key="g", key_type=0)))
+    assert (answer.body.error_code, answer.body.node_id) == (ErrorCode.coordinator_not_available, -1)
+
+    section = _tagged_section((NodeEndpoint(node_id=i32(2), host="broker-2", port=i32(9092), rack=None),
+                               NodeEndpoint(node_id=i32(elsewhere), host="broker", port=i32(9092), rack=None)))
+    filters, request = _fetch_chain(memoryview(bytearray(b"batches")), section)
+    response = await run_chain(filters.chain(ApiKey.FETCH, 16), _context(filters), request)
+    decoded = decode_response(ApiKey.FETCH, 16, b"".join(bytes(p) for p in response.parts))
+    assert [e.node_id for e in decoded.node_endpoints] == [2]

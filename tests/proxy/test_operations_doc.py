@@ -40,7 +40,10 @@ def test_every_tierproxy_command_parses():
 
 
 def test_the_properties_snippets_are_valid():
-    tiering, secured, encrypted = _blocks("properties")
+    tiering, secured, encrypted, *proxy_addresses = _blocks("properties")
+    assert len(proxy_addresses) == 3
+    for block in proxy_addresses:  # the node ports and advertised hosts pass the configuration check
+        parse({"bootstrap.servers": "broker:9092", **javaproperties.loads(textwrap.dedent(block))})
     properties = javaproperties.loads(textwrap.dedent(tiering))
     config = parse({"bootstrap.servers": "broker:9092", **properties})
     assert [t.name for t in config.tiered_topics] == ["orders"]
@@ -54,7 +57,7 @@ def test_the_properties_snippets_are_valid():
 
 def test_every_key_named_exists():
     config = parse({"bootstrap.servers": "broker:9092"})
-    prefixes = "remote|tiered|metrics|spark|security|sasl|ssl|max|connections|request|socket"
+    prefixes = "remote|tiered|metrics|spark|security|sasl|ssl|max|connections|request|socket|proxy"
     for key in set(re.findall(rf"`((?:{prefixes})\.[a-z.]+[a-z])`", DOC)):
         if (key.startswith("remote.log.manager.task.retry.backoff")
                 or key in ("remote.storage.enable", "max.pending.tasks")):

@@ -119,6 +119,8 @@ def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_:
         server = ProxyServer(config, FilterChains([filter_]), ProxyMetrics())
         try:
             await server.start(discover=False)  # the fake broker knows no Metadata
+            # Nor SASL: said up front, so that the proxy does not ask it before the first client.
+            server.upstream.learned(needs_sasl=False, how="the fake broker has no SASL")
             await body(server)
         finally:
             await server.close()

@@ -6,24 +6,29 @@ plaintext). A proxy with both keys serves everything. A proxy whose configuratio
 k1, or holds other material under the id k1, and a proxy over a copy of the store with a
 byte of partition 1 altered or two chunks of partition 0 swapped: each refuses the one
 partition with TIERED_STORAGE_NOT_AVAILABLE (UNKNOWN_SERVER_ERROR on the wire, counted
-by cause) and serves the other partitions in full.
+by cause) and serves the other partitions in full. A corrupt block further into a
+segment, encrypted or plaintext, still lets a consumer read the records in front of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.protocol.apis import ErrorCode
+from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import fetch_request
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
 from tierproxy.storage.rsm import ObjectType
-from tests.helpers.consume import consume_aiokafka, consume_confluent_assigned, expected_by_partition
+from tests.helpers.consume import confluent_key, consume_aiokafka, consume_confluent_assigned, expected_by_partition
 from tests.helpers.consume import in_partition_order, record_keys
 from tests.helpers.proxy import ProxyThread
 from tests.helpers.tiered import Timed, TieredTopic, TopicSpec, encryption_keys, write_key
@@ -148,3 +153,42 @@ def test_a_chunk_moved_to_another_position_is_refused_and_the_other_partitions_a
     log.write_bytes(stored[step:2 * step] + stored[:step] + stored[2 * step:])
     with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
         _refused_and_others_served(encrypted, proxy, 0, "DecryptionFailed", "corrupt")
+
+
+@pytest.mark.parametrize("partition", [1, 2], ids=["encrypted", "plaintext"])
+def test_a_corrupt_block_serves_the_records_in_front_of_it(encrypted, tmp_path, partition):
+    """Block 1 of the partition's first remote segment altered (its GCM tag fails, or its
+    CRC-32C in the manifest): librdkafka reading from offset 0 gets every record of the whole
+    batches in block 0, then only the partition's error, counted; nothing of block 1."""
+    data = encrypted
+    shutil.copytree(encrypted.root / "remote", tmp_path / "remote")
+    _, segment_data = min((c for c in data.copies if c[0].topic_id_partition.partition == partition),
+                          key=lambda c: c[0].start_offset)
+    headers = list(iter_batches(segment_data.log_segment.read_bytes()))
+    assert headers[-1].end_position > 2 * BLOCK_BYTES, "the segment needs a block after the corrupt one"
+    last_intact = max(h.last_offset for h in headers if h.end_position <= BLOCK_BYTES)
+    log = _first_log(encrypted, partition, tmp_path)
+    stored = bytearray(log.read_bytes())
+    stored[(BLOCK_BYTES + TAG_BYTES if KEY_OF_PARTITION[partition] else BLOCK_BYTES) + 1000] ^= 0x01
+    log.write_bytes(stored)
+    expected = [r for r in expected_by_partition(data.records)[partition] if r[1] <= last_intact]
+    with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                             "enable.auto.commit": False, "fetch.error.backoff.ms": 100})
+        consumer.assign([TopicPartition(data.topic, partition, 0)])
+        consumed: list[tuple] = []
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (
+                    len(consumed) < len(expected) or _not_available(proxy, data.topic, _CAUSES[partition]) < 3):
+                for message in consumer.consume(500, timeout=0.2):
+                    if message.error() is None:
+                        consumed.append(confluent_key(message))
+        finally:
+            consumer.close()
+        assert consumed == expected  # in order, and nothing from the corrupt block on
+        corrupt = proxy.metrics.value("tierproxy_remote_read_errors_total", {"topic": data.topic, "reason": "corrupt"})
+        assert corrupt >= 1 + _not_available(proxy, data.topic, _CAUSES[partition]) >= 4
+
+
+_CAUSES = {1: "DecryptionFailed", 2: "CorruptRemoteSegment"}

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,10 +20,10 @@ import pytest
 from tierproxy.config import load
 from tierproxy.proxy.workers import shares
 from testbed.ports import LOOPBACK, free_ports
-from tests.helpers.commands import TIERPROXY
 from tests.helpers.consume import consume_confluent_assigned, expected_by_partition, in_partition_order
 from tests.helpers.fixtures import tiered_fixture
 from tests.helpers.proxy import free_port_block
+from tests.helpers.serve import Served, sample, scrape, start_serving
 from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
 PARTITIONS = 4
@@ -47,54 +46,16 @@ def test_shares_divide_every_bound_and_keep_the_totals():
         "remote.log.reader.max.pending.tasks": "1",  # a bound above 0 keeps at least 1 per worker
         "max.connections": "0",  # refusing every connection stays refusing
         "max.connections.per.ip": "1",
+        "remote.log.manager.fetch.max.bytes.per.second": str(2**63 - 1),  # no quota stays no quota
     }
     for name in ("remote.log.index.file.cache.total.size.bytes", "remote.log.chunk.cache.size.bytes",
                  "remote.log.reader.threads"):
         assert 4 * int(share[name]) <= config[name]
+    quota = load(None, ["bootstrap.servers=b:9092", "remote.log.manager.fetch.max.bytes.per.second=1000000"])
+    assert shares(quota, 4)["remote.log.manager.fetch.max.bytes.per.second"] == "250000"
 
 
 tiered = tiered_fixture(SPEC)
-
-
-class Served:
-    """A `tierproxy serve` subprocess and its output, read on a thread."""
-
-    def __init__(self, command: list[str]) -> None:
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, count: int = 1, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(re.findall(pattern, self.output)) < count:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"no {count} x {pattern!r} from tierproxy serve:\n{self.output}")
-            time.sleep(0.1)
-
-    def workers(self) -> set[int]:
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return {int(pid) for pid in children.read_text().split()} if children.exists() else set()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(10)
-        return self.process.returncode
 
 
 def serve(tiered: TieredTopic, tmp_path: Path, workers: int, **extra: object) -> tuple[Served, int, int]:
@@ -113,9 +74,7 @@ def serve(tiered: TieredTopic, tmp_path: Path, workers: int, **extra: object) ->
         **tiered.store,
         **extra,
     }
-    config = tmp_path / "proxy.properties"
-    config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-    return Served([str(TIERPROXY), "serve", "--config", str(config)]), bootstrap_port, metrics_port
+    return start_serving(settings, tmp_path), bootstrap_port, metrics_port
 
 
 def established_on(pid: int, port: int) -> int:
@@ -136,15 +95,6 @@ def established_on(pid: int, port: int) -> int:
             if local_port == port and fields[3] == "01" and fields[9] in inodes:
                 count += 1
     return count
-
-
-def scrape(metrics_port: int) -> str:
-    with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=10) as response:
-        return response.read().decode()
-
-
-def sample(exposition: str, name: str) -> float:
-    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
 
 
 SERVING = r"worker-\d tierproxy: tierproxy serving on"
@@ -274,6 +224,27 @@ def _first_differences(got: dict[int, list], wanted: dict[int, list]) -> str:
             out.append(f"partition {p}: {len(have)} of {len(wanted[p])} records, first difference at {at}: "
                        f"{have[at:at + 3]} instead of {wanted[p][at:at + 3]}")
     return "; ".join(out)
+
+
+def test_every_worker_listens_on_the_port_a_node_id_range_gives(tiered, tmp_path):
+    """proxy.broker.node.id.range and proxy.broker.port.start: both workers open node 0's
+    listener on the same port, and a replay through it reads every record once."""
+    data = tiered
+    start = free_port_block(1)
+    served, bootstrap_port, metrics_port = serve(data, tmp_path, 2, **{
+        "proxy.broker.node.id.range": "0-9", "proxy.broker.port.start": start})
+    try:
+        served.wait_for(SERVING, 2)
+        served.wait_for(rf"listening for broker node 0 on {LOOPBACK}:{start}\b", 2)
+        expected = expected_by_partition(data.records)
+        consumed = consume_confluent_assigned({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}"}, data.topic,
+                                              range(PARTITIONS), sum(len(v) for v in expected.values()))
+        assert in_partition_order(consumed) == expected
+        exposition = scrape(metrics_port)
+        assert re.search(r'^tierproxy_connections_total\{listener="node-0"\} [1-9]', exposition, re.M), exposition
+    finally:
+        status = served.stop()
+    assert status == 0, served.output
 
 
 def test_workers_exit_with_their_supervisor(tiered, tmp_path):

@@ -122,6 +122,23 @@ async def test_a_caller_that_goes_away_frees_its_place_in_the_queue() -> None:
     await pool.close()
 
 
+async def test_a_caller_cancelled_while_reading_is_cancelled_not_expired() -> None:
+    """The wait's own timer cancels only the read's future; a cancellation of the caller
+    (its client went away) stays a cancellation, not an expired read."""
+    metrics = RemoteMetrics()
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=1, metrics=metrics)
+    gate = Gate()
+    caller = asyncio.create_task(pool.read(gate.read, timeout=10))
+    await asyncio.sleep(0.01)
+    assert pool.active == 1
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert metrics.value("tierproxy_remote_fetch_expired_total", {"topic": ""}) == 0
+    gate.release.set()
+    await pool.close()
+
+
 async def test_close_cancels_running_and_waiting_reads() -> None:
     pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
     gate = Gate()

@@ -179,6 +179,19 @@ class RemoteStorageManagerContract(abc.ABC):
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         assert await read_all(rsm, segment.metadata, start, end) == segment.log[expected]
 
+    @pytest.mark.parametrize(("start", "size"), [(0, 262_144), (262_144, 600_000 - 262_144), (1000, 5000)])
+    async def test_read_into_a_buffer(self, rsm: RemoteStorageManager, tmp_path: Path, start: int, size: int) -> None:
+        """What the chunk cache reads with: the same checked bytes as a stream, into a buffer
+        the caller reuses (dirty from an earlier read); fewer bytes than asked is corrupt."""
+        segment = make_segment(tmp_path, log_size=600_000)
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        buffer = bytearray(b"\xee" * (size + 10))
+        await rsm.read_log_into(segment.metadata, start, memoryview(buffer)[:size])
+        assert bytes(buffer[:size]) == segment.log[start:start + size]
+        assert buffer[size:] == b"\xee" * 10
+        with pytest.raises(CorruptRemoteSegment):
+            await rsm.read_log_into(segment.metadata, 599_000, memoryview(bytearray(2000)))
+
     async def test_start_at_or_past_the_end_is_an_empty_stream(
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
