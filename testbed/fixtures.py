@@ -11,6 +11,9 @@ Enable with ``pytest_plugins = ["testbed.fixtures"]`` in the top-level conftest.
 - ``secure_kafka``: one node with ``secure=True`` (SASL_SSL with SCRAM-SHA-256,
   SCRAM-SHA-512 and PLAIN; an MTLS listener), started only if a test asks for
   it. Users ``SECURE_USERS`` (alice, bob) have no ACLs; tests add what they need.
+- ``sasl_kafka``: one node with a SASL_PLAINTEXT (PLAIN) client listener and Kafka's
+  StandardAuthorizer, started only if a test asks for it. Users ``SASL_USERS`` (alice,
+  bob, carol, dave) have no ACLs; tests add what they need, on topics of their own.
 - ``bootstrap_servers``: ``kafka_cluster.bootstrap_servers``.
 - ``topic``: a factory, ``topic(partitions=1, config=None, replication=1) -> name``;
   each topic is uniquely named and deleted after the test.
@@ -32,15 +35,17 @@ from typing import Any, Iterator, Mapping
 import pytest
 
 from testbed.kafka import KafkaCluster
+from testbed.processes import pids_running
 from testbed.s3 import S3Server
 
 SEGMENT_BYTES_ENV = "TIERPROXY_TEST_LOG_SEGMENT_BYTES"
 DEFAULT_SEGMENT_BYTES = 1024 * 1024
 
 SECURE_USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+SASL_USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret", "dave": "dave-secret"}
 
 _BROKER_FIXTURES = {"kafka_cluster", "kafka_cluster_3", "bootstrap_servers", "topic",
-                    "secure_kafka", "secure_topic"}
+                    "secure_kafka", "secure_topic", "sasl_kafka"}
 _S3_FIXTURES = {"s3_server"}
 
 
@@ -74,6 +79,15 @@ def secure_kafka() -> Iterator[KafkaCluster]:
     with KafkaCluster(1, broker_config=_test_broker_config(), secure=True,
                       users=SECURE_USERS) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def sasl_kafka() -> Iterator[KafkaCluster]:
+    with KafkaCluster(1, broker_config=_test_broker_config(), sasl_plain_users=SASL_USERS) as cluster:
+        workdir = str(cluster.workdir)
+        yield cluster
+    # Stopping it stopped its broker (tests/testbed/test_testbed_kafka.py checks the one it runs).
+    assert pids_running(workdir) == [], f"brokers of {workdir} outlived the cluster"
 
 
 @pytest.fixture(scope="session")

@@ -1,1 +1,1 @@
-pytest_plugins = ["testbed.fixtures"]
+pytest_plugins = ["testbed.fixtures", "tests.helpers.fixtures"]

@@ -13,7 +13,7 @@ from tierproxy.storage.errors import CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.manifest import BLOCK_BYTES
 from tierproxy.storage.rsm import ObjectType
 
-from .remote_log import CountingRSM, build_partition, local_remote_log
+from tests.helpers.remote_log import CountingRSM, build_partition, local_remote_log, one_segment
 
 CHUNK = 1000
 
@@ -32,9 +32,7 @@ async def _wait_idle(cache: ChunkCache) -> None:
 
 
 async def test_chunks_are_aligned_and_the_last_is_short(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
-        segment = partition.segments[0]
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
         log = partition.log_of(0)
         assert len(log) % CHUNK, "the test needs a short last chunk"
         counting = CountingRSM(rsm)
@@ -59,10 +57,7 @@ async def test_chunks_are_aligned_and_the_last_is_short(tmp_path: Path) -> None:
 
 
 async def test_concurrent_readers_of_a_cold_chunk_share_one_read(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        segment = partition.segments[0]
-        counting = CountingRSM(rsm, delay_s=0.02)
+    async with one_segment(tmp_path, delay_s=0.02) as (_, partition, segment, counting):
         cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
         chunks = await asyncio.gather(*(cache.get(segment, 2) for _ in range(30)))
         assert len(counting.range_reads) == 1
@@ -71,10 +66,7 @@ async def test_concurrent_readers_of_a_cold_chunk_share_one_read(tmp_path: Path)
 
 
 async def test_a_failed_read_is_not_cached(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        segment = partition.segments[0]
-        counting = CountingRSM(rsm, delay_s=0.01)
+    async with one_segment(tmp_path, delay_s=0.01) as (_, partition, segment, counting):
         counting.fail_with = RemoteStorageError("connection reset", retriable=True)
         cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
         outcomes = await asyncio.gather(*(cache.get(segment, 0) for _ in range(5)), return_exceptions=True)
@@ -112,10 +104,7 @@ async def test_a_chunk_with_a_corrupt_block_is_not_cached_and_gives_its_intact_b
 
 
 async def test_read_ahead_prefetches_the_next_chunks_within_the_segment(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
-        segment = partition.segments[0]
-        counting = CountingRSM(rsm)
+    async with one_segment(tmp_path, batches=30) as (_, _, segment, counting):
         metrics = RemoteMetrics()
         cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=3,
                            metrics=metrics.cache("chunk"))
@@ -161,10 +150,7 @@ async def test_never_more_than_the_bound_and_demand_evicts_prefetched_chunks_fir
 
 
 async def test_prefetch_reserves_room_and_yields_when_there_is_none(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
-        segment = partition.segments[0]
-        counting = CountingRSM(rsm, delay_s=0.3)
+    async with one_segment(tmp_path, batches=30, delay_s=0.3) as (_, partition, segment, counting):
         cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=4)
         reader = asyncio.create_task(cache.get(segment, 0))
         await asyncio.sleep(0.01)
@@ -178,10 +164,7 @@ async def test_prefetch_reserves_room_and_yields_when_there_is_none(tmp_path: Pa
 
 
 async def test_close_cancels_prefetches(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=30)
-        segment = partition.segments[0]
-        counting = CountingRSM(rsm, delay_s=5)
+    async with one_segment(tmp_path, batches=30, delay_s=5) as (_, _, segment, counting):
         cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=2)
         reader = asyncio.create_task(cache.get(segment, 0))
         await asyncio.sleep(0.01)

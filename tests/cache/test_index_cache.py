@@ -15,7 +15,7 @@ from tierproxy.storage.indexes import OffsetIndex, TimeIndex, TransactionIndex
 from tierproxy.storage.model import IndexType
 from tierproxy.storage.rsm import ObjectType
 
-from .remote_log import CountingRSM, Partition, build_partition, local_remote_log
+from tests.helpers.remote_log import CountingRSM, Partition, build_partition, local_remote_log, one_segment
 
 
 def _value(metrics: RemoteMetrics, name: str) -> float:
@@ -27,12 +27,9 @@ async def _stored_index(rsm, segment, index_type: IndexType) -> bytes:
 
 
 async def test_indexes_are_parsed_and_hit_after_the_first_load(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        counting = CountingRSM(rsm)
+    async with one_segment(tmp_path) as (rsm, _, segment, counting):
         metrics = RemoteMetrics()
         cache = RemoteIndexCache(counting, max_bytes=1 << 20, metrics=metrics.cache("index"))
-        segment = partition.segments[0]
 
         offset_index = await cache.offset_index(segment)
         assert isinstance(offset_index, OffsetIndex) and len(offset_index) > 0
@@ -50,9 +47,7 @@ async def test_indexes_are_parsed_and_hit_after_the_first_load(tmp_path: Path) -
 
 
 async def test_missing_transaction_index_is_an_empty_one(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        segment = partition.segments[0]
+    async with one_segment(tmp_path) as (rsm, _, segment, _):
         assert segment.txn_index_empty
         cache = RemoteIndexCache(rsm, max_bytes=1 << 20)
         index = await cache.transaction_index(segment)
@@ -61,11 +56,8 @@ async def test_missing_transaction_index_is_an_empty_one(tmp_path: Path) -> None
 
 
 async def test_concurrent_misses_share_one_load(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        counting = CountingRSM(rsm, delay_s=0.02)
+    async with one_segment(tmp_path, delay_s=0.02) as (_, _, segment, counting):
         cache = RemoteIndexCache(counting, max_bytes=1 << 20)
-        segment = partition.segments[0]
         results = await asyncio.gather(*(cache.offset_index(segment) for _ in range(25)))
         assert len(counting.index_reads) == 1
         assert all(r is results[0] for r in results)
@@ -73,12 +65,9 @@ async def test_concurrent_misses_share_one_load(tmp_path: Path) -> None:
 
 
 async def test_a_failed_load_reaches_every_waiter_and_is_not_cached(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        counting = CountingRSM(rsm, delay_s=0.02)
+    async with one_segment(tmp_path, delay_s=0.02) as (_, _, segment, counting):
         counting.fail_with = RemoteStorageError("store down", retriable=True)
         cache = RemoteIndexCache(counting, max_bytes=1 << 20)
-        segment = partition.segments[0]
         outcomes = await asyncio.gather(*(cache.offset_index(segment) for _ in range(10)), return_exceptions=True)
         assert all(isinstance(o, RemoteStorageError) and o.retriable for o in outcomes)
         assert len(counting.index_reads) == 1
@@ -91,11 +80,8 @@ async def test_a_failed_load_reaches_every_waiter_and_is_not_cached(tmp_path: Pa
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_load_for_others(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        counting = CountingRSM(rsm, delay_s=0.05)
+    async with one_segment(tmp_path, delay_s=0.05) as (_, _, segment, counting):
         cache = RemoteIndexCache(counting, max_bytes=1 << 20)
-        segment = partition.segments[0]
         impatient = asyncio.create_task(cache.offset_index(segment))
         patient = asyncio.create_task(cache.offset_index(segment))
         await asyncio.sleep(0.01)
@@ -131,10 +117,9 @@ async def test_bounded_by_bytes_least_recently_used_goes_first(tmp_path: Path) -
 
 
 async def test_an_index_larger_than_the_cache_is_served_not_kept(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
+    async with one_segment(tmp_path) as (rsm, _, segment, _):
         cache = RemoteIndexCache(rsm, max_bytes=10)
-        assert len(await cache.offset_index(partition.segments[0])) > 0
+        assert len(await cache.offset_index(segment)) > 0
         assert len(cache) == 0 and cache.total_bytes == 0
         await cache.close()
 
@@ -195,9 +180,7 @@ async def test_reload_keeps_the_newest_within_the_bound_and_deletes_the_rest(tmp
 
 async def test_a_corrupt_or_half_written_file_is_dropped_and_refetched(tmp_path: Path) -> None:
     cache_dir = tmp_path / "index-cache"
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        segment = partition.segments[0]
+    async with one_segment(tmp_path) as (rsm, _, segment, counting):
         async with RemoteIndexCache(rsm, max_bytes=1 << 20, cache_dir=cache_dir) as cache:
             await cache.offset_index(segment)
         (path,) = _files(cache_dir)
@@ -207,7 +190,6 @@ async def test_a_corrupt_or_half_written_file_is_dropped_and_refetched(tmp_path:
         leftover = cache_dir / f".{path.name}.0123.tmp"
         leftover.write_bytes(b"half")
 
-        counting = CountingRSM(rsm)
         async with RemoteIndexCache(counting, max_bytes=1 << 20, cache_dir=cache_dir) as reloaded:
             assert len(reloaded) == 0
             assert not leftover.exists()
@@ -232,9 +214,7 @@ async def test_eviction_removes_the_file_too(tmp_path: Path) -> None:
 
 
 async def test_a_corrupt_stored_index_is_a_corrupt_segment(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition: Partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1)
-        segment = partition.segments[0]
+    async with one_segment(tmp_path) as (rsm, _, segment, _):
         path = rsm.path_of(rsm._key(segment, ObjectType.OFFSET_INDEX))
         path.write_bytes(path.read_bytes()[:-3])
         cache = RemoteIndexCache(rsm, max_bytes=1 << 20)

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
+from tests.helpers.produce import produce_values
 
 
 async def test_topics_offsets_fetch_and_delete_records(kafka_cluster, topic):
     name = topic(partitions=2)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_cluster.bootstrap_servers, linger_ms=5)
-    await producer.start()
-    try:
-        for i in range(100):
-            await producer.send(name, value=b"v%d" % i, partition=i % 2)
-        await producer.flush()
-    finally:
-        await producer.stop()
+    await produce_values(kafka_cluster.bootstrap_servers, name, 100, 2, linger_ms=5)
 
     async with Cluster(kafka_cluster.bootstrap_servers.split(",")) as cluster:
         topics = await cluster.topics([name, "no-such-topic"])

@@ -1,8 +1,9 @@
-"""What tests of deploy/ share: the rule files, the names they record, and the metric
-names an expression reads."""
+"""What tests of deploy/ share: the rule files, the names they record, the dashboard's
+queries, and the metric names an expression reads."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "rules"
 RULE_FILES = sorted(RULES.glob("*.rules.yml"))
 UNIT_TESTS = RULES / "tierproxy.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "tierproxy.json"
 
 _METRIC = re.compile(r"\b(tierproxy_[a-z0-9_]+|tierproxy:[a-z0-9_:]+)")
 
@@ -22,6 +24,12 @@ _METRIC = re.compile(r"\b(tierproxy_[a-z0-9_]+|tierproxy:[a-z0-9_:]+)")
 def rules() -> list[dict]:
     return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
             for rule in group["rules"]]
+
+
+def expressions() -> list[str]:
+    """Every query of the Grafana dashboard."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel.get("targets", [])]
 
 
 def recorded() -> set[str]:

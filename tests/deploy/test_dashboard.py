@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.deploy.rules import DEPLOY, unknown_metrics
-
-DASHBOARD = DEPLOY / "grafana" / "tierproxy.json"
-
-
-def expressions() -> list[str]:
-    panels = json.loads(DASHBOARD.read_text())["panels"]
-    return [target["expr"] for panel in panels for target in panel.get("targets", [])]
+from tests.deploy.rules import DASHBOARD, expressions, unknown_metrics
 
 
 def test_the_dashboard_is_grafanas_with_one_prometheus_input():

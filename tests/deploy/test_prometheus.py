@@ -20,8 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testbed.ports import free_ports
 from testbed.processes import stop_pids
-from tests.deploy.rules import DEPLOY, metric_samples, rules
-from tests.deploy.test_dashboard import expressions
+from tests.deploy.rules import DEPLOY, expressions, metric_samples, rules
 from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_codecs
 

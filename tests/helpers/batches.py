@@ -1,4 +1,4 @@
-"""Builds real v2 record batches for unit tests (kio's writer, CRC included)."""
+"""Builds real v2 record batches for unit tests (kio's writer, CRC included), and runs of them."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import datetime
 import io
 import struct
 
+from hypothesis import strategies as st
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
@@ -13,6 +14,9 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 from tierproxy.protocol.records import ControlType
 
 _EPOCH = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+
+# (records in batch, value size) for a run of consecutive batches.
+batch_shapes = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 300)), min_size=1, max_size=12)
 
 
 def batch(
@@ -40,6 +44,16 @@ def batch(
         for i in range(count)
     )
     return _write(records, leader_epoch, producer_id, producer_epoch, 0x10 if transactional else 0)
+
+
+def build_log(shapes, base_offset=0, leader_epoch=0) -> tuple[bytes, list[tuple[int, int]]]:
+    """Consecutive batches of `batch_shapes`; returns the bytes and each batch's (base, last) offsets."""
+    parts, ranges, offset = [], [], base_offset
+    for count, value_size in shapes:
+        parts.append(batch(offset, count, value_size=value_size, leader_epoch=leader_epoch))
+        ranges.append((offset, offset + count - 1))
+        offset += count
+    return b"".join(parts), ranges
 
 
 def control_batch(

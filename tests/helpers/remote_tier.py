@@ -9,7 +9,7 @@ the copy), then commit it COPY_SEGMENT_FINISHED.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +44,36 @@ async def latest_offset(conn: KafkaConnection, topic: str, partition: int) -> in
     return answer.offset
 
 
+async def read_log(fetch: Callable[[int], Awaitable[Any]], what: str, start: int, end: int) -> bytes:
+    """Whole record batches from the one holding `start` to the last one below `end`, byte
+    for byte. `fetch(offset)` is a Fetch of `what` at `offset`: the kio partition answer."""
+    log = bytearray()
+    offset = start
+    while offset < end:
+        answer = await fetch(offset)
+        if answer.error_code != ErrorCode.none:
+            raise RuntimeError(f"Fetch of {what} at {offset}: error {answer.error_code}")
+        records = answer.records or b""
+        whole = [h for h in iter_batches(records) if h.base_offset < end]
+        if not whole:
+            raise RuntimeError(f"Fetch of {what} at {offset} returned no whole batch")
+        log += records[whole[0].position:whole[-1].end_position]
+        offset = whole[-1].next_offset
+    return bytes(log)
+
+
 async def fetch_raw_log(conn: KafkaConnection, topic: str, partition: int, start: int = 0,
                         end: int | None = None) -> bytes:
     """The partition's record batches from `start` to `end` (default: the log end), byte for byte."""
     if end is None:
         end = await latest_offset(conn, topic, partition)
-    log = bytearray()
-    offset = start
-    while offset < end:
+
+    async def fetch(offset: int) -> Any:
         response = await conn.request(fetch_request(topic, partition, offset, FETCH_MAX_BYTES))
         (answer,) = response.responses[0].partitions
-        if answer.error_code != ErrorCode.none:
-            raise RuntimeError(f"Fetch of {topic}-{partition} at {offset}: error {answer.error_code}")
-        records = answer.records or b""
-        whole = [h for h in iter_batches(records) if h.base_offset < end]
-        if not whole:
-            raise RuntimeError(f"Fetch of {topic}-{partition} at {offset} returned no whole batch")
-        log += records[whole[0].position:whole[-1].end_position]
-        offset = whole[-1].next_offset
-    return bytes(log)
+        return answer
+
+    return await read_log(fetch, f"{topic}-{partition}", start, end)
 
 
 def cut_segments(log: bytes, *, segment_bytes: int | None = None, cut_offsets: Iterable[int] = ()) -> list[bytes]:
@@ -110,23 +121,12 @@ async def tier_log(
     return tiered
 
 
-async def tier_raw_log(
-    conn: KafkaConnection,
-    topic: str,
-    partition: int,
-    *,
-    rsm: RemoteStorageManager,
-    rlmm: RemoteLogMetadataManager,
-    work_dir: Path,
-    segment_bytes: int | None = None,
-    cut_offsets: Iterable[int] = (),
-    end: int | None = None,
-) -> list[RemoteLogSegmentMetadata]:
-    """Fetch the partition's log below `end` (default: all of it) from the broker and tier it (see `tier_log`)."""
+async def tier_raw_log(conn: KafkaConnection, topic: str, partition: int, *, end: int | None = None,
+                       **options: Any) -> list[RemoteLogSegmentMetadata]:
+    """Fetch the partition's log below `end` (default: all of it) from the broker and tier it
+    (`tier_log`, with `options`: rsm, rlmm, work_dir, ...)."""
     tip = TopicIdPartition(await topic_id_of(conn, topic), topic, partition)
-    log = await fetch_raw_log(conn, topic, partition, 0, end)
-    return await tier_log(log, tip, rsm=rsm, rlmm=rlmm, work_dir=work_dir, segment_bytes=segment_bytes,
-                          cut_offsets=cut_offsets)
+    return await tier_log(await fetch_raw_log(conn, topic, partition, 0, end), tip, **options)
 
 
 async def tier_from_broker(

@@ -1,4 +1,6 @@
-"""Spark for the pipeline's tests: one local[2] SparkSession per test module."""
+"""Spark for the pipeline's tests: one SparkSession for the whole run, local[2,2]: two
+cores, and a failed task runs once more (local mode's maxFailures), as a task attempt
+failing mid-upload needs (test_tier_crash)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     # Spark's Python workers must run this interpreter (the venv's), whatever PATH says.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -19,7 +21,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.Spa
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName("tierproxy-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

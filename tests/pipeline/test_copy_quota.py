@@ -12,7 +12,7 @@ import os
 from confluent_kafka import Producer
 
 from tierproxy.pipeline.tier import run_pass
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 
 PARTITIONS = 2
 RECORD_BYTES = 1000

@@ -1,8 +1,8 @@
 """spark.read.format("tierproxy") against remote segments of data produced to the real broker.
 
 The module produces 50k+ records over 3 partitions (every codec, headers, a committed and
-an aborted transaction), tiers the broker's raw log with tests.helpers.remote_tier, and
-reads it back through Spark (local[2], one session for the module).
+an aborted transaction), tiers the broker's raw log (tests.helpers.tiered), and reads it
+back through Spark (local mode, the run's one session).
 """
 
 from __future__ import annotations
@@ -10,18 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import javaproperties
-import pyarrow as pa
 import pytest
 
 from tierproxy.pipeline.datasource import (
     EARLIEST,
     LATEST,
-    NAME,
     SCHEMA,
     OffsetBounds,
     OptionError,
@@ -38,118 +33,58 @@ from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.model import (
-    RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
 from tests.helpers.batches import batch, control_batch
-from tests.helpers.produce import ProducedRecord, produce_mixed
+from tests.helpers.datasource import expected, read, rows_of
+from tests.helpers.metadata import segment
 from tests.helpers.remote_tier import tier_log, tier_raw_log, topic_id_of
+from tests.helpers.tiered import Mixed, TieredTopic, TopicSpec
 
 PARTITIONS = 3
 SEGMENT_BYTES = 150_000
+# Every codec, headers, a committed and an aborted transaction: 50k+ records, all of them
+# tiered, none trimmed. Partition 0's ABORT marker starts a segment of its own, so the
+# aborted records are in a segment whose transaction index does not list them.
+SPEC = TopicSpec(Mixed(per_codec=10_000, per_transaction=500, marker_starts_segment=True), partitions=PARTITIONS,
+                 fraction=1.0, trim=False, segment_bytes=SEGMENT_BYTES)
 pytestmark = pytest.mark.timeout(300)
-
-Row = tuple  # (partition, offset, key, value, headers, timestamp ms)
-
-
-@dataclass
-class Tiered:
-    topic: str
-    records: list[ProducedRecord]
-    segments: dict[int, list[RemoteLogSegmentMetadata]]  # FINISHED ones, by partition
-    remote_dir: Path
-    metadata_dir: Path
-    bootstrap_servers: str
-
-    @property
-    def options(self) -> dict[str, str]:
-        return {
-            "topic": self.topic,
-            "remote.log.storage.backend": "local",
-            "remote.log.storage.local.dir": str(self.remote_dir),
-            "remote.log.metadata.dir": str(self.metadata_dir),
-        }
 
 
 @pytest.fixture(scope="module")
-def tiered(kafka_cluster, tmp_path_factory) -> Iterable[Tiered]:
-    topic = f"datasource-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    try:
-        records = asyncio.run(produce_mixed(
-            kafka_cluster.bootstrap_servers, topic, PARTITIONS, per_codec=10_000, per_transaction=500))
-        base = tmp_path_factory.mktemp("tiered")
-        segments = asyncio.run(_tier_all(kafka_cluster, topic, records, base))
-        yield Tiered(topic, records, segments, base / "remote", base / "metadata", kafka_cluster.bootstrap_servers)
-    finally:
-        kafka_cluster.delete_topic(topic)
+def tiered(kafka_cluster, own_tiered_topics) -> TieredTopic:
+    data = own_tiered_topics(SPEC, kafka_cluster)
+    asyncio.run(_add_unfinished(data))
+    return data
 
 
-async def _tier_all(kafka_cluster, topic: str, records: list[ProducedRecord], base: Path):
-    _, host, port = kafka_cluster.brokers[0]
-    rsm = LocalRemoteStorageManager(base / "remote")
-    segments = {}
-    async with await KafkaConnection.open(host, port, client_id="datasource-test") as conn:
-        async with FileRemoteLogMetadataManager(base / "metadata") as rlmm:
-            for partition in range(PARTITIONS):
-                # Partition 0: the ABORT marker starts a segment of its own, so the aborted
-                # records are in a segment whose transaction index does not list them.
-                aborted = [r.offset for r in records if r.partition == partition and not r.committed]
-                cuts = [max(aborted) + 1] if partition == 0 else []
-                segments[partition] = await tier_raw_log(
-                    conn, topic, partition, rsm=rsm, rlmm=rlmm, work_dir=base / "work",
-                    segment_bytes=SEGMENT_BYTES, cut_offsets=cuts)
-            # Metadata a reader must pass over: a copy still in progress and one being
-            # deleted, neither with objects in remote storage.
-            tip = segments[0][0].topic_id_partition
-            end = segments[0][-1].end_offset
-            in_progress = _segment(tip, end + 1, end + 100)
-            deleted = _segment(tip, 0, 10)
-            for metadata in (in_progress, deleted):
-                await rlmm.add_remote_log_segment_metadata(metadata)
-            await rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                deleted.segment_id, 0, RemoteLogSegmentState.DELETE_SEGMENT_STARTED, 0))
-    return segments
+async def _add_unfinished(tiered: TieredTopic) -> None:
+    """Metadata a reader must pass over: a copy still in progress and one being deleted,
+    neither with objects in remote storage."""
+    assert tiered.root is not None
+    async with FileRemoteLogMetadataManager(tiered.root / "metadata") as rlmm:
+        tip = tiered.segments[0][0].topic_id_partition
+        end = tiered.segments[0][-1].end_offset
+        in_progress = segment(tip, end + 1, end + 100)
+        deleted = segment(tip, 0, 10)
+        for metadata in (in_progress, deleted):
+            await rlmm.add_remote_log_segment_metadata(metadata)
+        await rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+            deleted.segment_id, 0, RemoteLogSegmentState.DELETE_SEGMENT_STARTED, 0))
 
 
-def _segment(tip: TopicIdPartition, start: int, end: int) -> RemoteLogSegmentMetadata:
-    return RemoteLogSegmentMetadata(RemoteLogSegmentId.generate(tip), start, end, 0, 0, 0, ((0, start),), 1000)
+def _options(tiered: TieredTopic) -> dict[str, str]:
+    """The data source's options reading the tiered topic from its store."""
+    return {"topic": tiered.topic, **tiered.store}
 
 
 @pytest.fixture(scope="module")
 def tierproxy(spark):
     register(spark)
     return spark
-
-
-def read(spark, options: dict[str, str]):
-    reader = spark.read.format(NAME)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load()
-
-
-def rows_of(df, topic: str | None = None) -> list[Row]:
-    table = df.toArrow()
-    assert table.schema.names == SCHEMA.fieldNames()
-    if topic is not None:
-        assert set(table.column("topic").to_pylist()) == {topic}
-        assert set(table.column("timestampType").to_pylist()) == {0}  # CreateTime, as produced
-    columns = {name: table.column(name).to_pylist() for name in ("partition", "offset", "key", "value", "headers")}
-    micros = table.column("timestamp").cast(pa.int64()).to_pylist()
-    rows = []
-    for i, offset in enumerate(columns["offset"]):
-        headers = tuple((h["key"], h["value"]) for h in columns["headers"][i])
-        assert micros[i] % 1000 == 0
-        rows.append((columns["partition"][i], offset, columns["key"][i], columns["value"][i], headers, micros[i] // 1000))
-    return sorted(rows)
-
-
-def expected(records: Iterable[ProducedRecord]) -> list[Row]:
-    return sorted((r.partition, r.offset, r.key, r.value, r.headers, r.timestamp_ms) for r in records)
 
 
 # ----------------------------------------------------------------------------- the fixture itself
@@ -173,27 +108,27 @@ def test_data_set_is_tiered_in_several_segments_with_a_split_transaction(tiered)
 
 
 def test_read_uncommitted_returns_every_data_record(tierproxy, tiered):
-    df = read(tierproxy, tiered.options)
+    df = read(tierproxy, _options(tiered))
     assert df.schema == SCHEMA
     # Committed and aborted records, byte for byte; no control records.
     assert rows_of(df, tiered.topic) == expected(tiered.records)
 
 
 def test_read_committed_returns_exactly_the_committed_records(tierproxy, tiered):
-    df = read(tierproxy, {**tiered.options, "isolation.level": "read_committed"})
+    df = read(tierproxy, {**_options(tiered), "isolation.level": "read_committed"})
     committed = [r for r in tiered.records if r.committed]
     assert len(committed) < len(tiered.records)
     assert rows_of(df) == expected(committed)
 
 
 def test_one_spark_partition_per_finished_segment(tierproxy, tiered):
-    df = read(tierproxy, tiered.options)
+    df = read(tierproxy, _options(tiered))
     assert df.rdd.getNumPartitions() == sum(len(s) for s in tiered.segments.values())
 
 
 def test_partitions_and_offsets(tierproxy, tiered):
     options = {
-        **tiered.options,
+        **_options(tiered),
         "partitions": "0,2",
         "startingOffsets": json.dumps({tiered.topic: {"0": 100, "2": -2}}),
         "endingOffsets": "5000",
@@ -210,7 +145,7 @@ def test_partitions_and_offsets(tierproxy, tiered):
 def test_offsets_inside_one_segment(tierproxy, tiered):
     segment = tiered.segments[1][1]
     start, end = segment.start_offset + 7, segment.start_offset + 250
-    df = read(tierproxy, {**tiered.options, "partitions": "1", "startingOffsets": str(start),
+    df = read(tierproxy, {**_options(tiered), "partitions": "1", "startingOffsets": str(start),
                           "endingOffsets": json.dumps({tiered.topic: {"1": end}})})
     assert df.rdd.getNumPartitions() == 1
     want = [r for r in tiered.records if r.partition == 1 and start <= r.offset < end]
@@ -218,9 +153,9 @@ def test_offsets_inside_one_segment(tierproxy, tiered):
 
 
 def test_earliest_and_latest(tierproxy, tiered):
-    assert read(tierproxy, {**tiered.options, "startingOffsets": "latest"}).count() == 0
-    assert read(tierproxy, {**tiered.options, "endingOffsets": "earliest"}).count() == 0
-    df = read(tierproxy, {**tiered.options, "partitions": "2", "startingOffsets": "earliest",
+    assert read(tierproxy, {**_options(tiered), "startingOffsets": "latest"}).count() == 0
+    assert read(tierproxy, {**_options(tiered), "endingOffsets": "earliest"}).count() == 0
+    df = read(tierproxy, {**_options(tiered), "partitions": "2", "startingOffsets": "earliest",
                           "endingOffsets": "latest"})
     assert df.count() == sum(1 for r in tiered.records if r.partition == 2)
 
@@ -228,7 +163,7 @@ def test_earliest_and_latest(tierproxy, tiered):
 def test_timestamps(tierproxy, tiered):
     timestamps = sorted(r.timestamp_ms for r in tiered.records)
     low, high = timestamps[len(timestamps) // 2], timestamps[3 * len(timestamps) // 4]
-    df = read(tierproxy, {**tiered.options, "startingTimestamp": str(low), "endingTimestamp": str(high)})
+    df = read(tierproxy, {**_options(tiered), "startingTimestamp": str(low), "endingTimestamp": str(high)})
     want = [r for r in tiered.records if low <= r.timestamp_ms < high]
     assert rows_of(df) == expected(want)
     # Segments whose newest record is older than startingTimestamp are not read at all.
@@ -240,18 +175,18 @@ def test_config_file(tierproxy, tiered, tmp_path):
     path = tmp_path / "tierproxy.properties"
     with open(path, "w", encoding="utf-8") as f:
         javaproperties.dump({
-            "bootstrap.servers": tiered.bootstrap_servers,
+            "bootstrap.servers": tiered.cluster.bootstrap_servers,
             "remote.log.storage.backend": "local",
             "remote.log.storage.local.dir": "/nonexistent",  # overridden by the option below
-            "remote.log.metadata.dir": str(tiered.metadata_dir),
+            "remote.log.metadata.dir": tiered.store["remote.log.metadata.dir"],
         }, f)
     df = read(tierproxy, {"config": str(path), "topic": tiered.topic, "partitions": "1",
-                          "remote.log.storage.local.dir": str(tiered.remote_dir)})
+                          "remote.log.storage.local.dir": tiered.store["remote.log.storage.local.dir"]})
     assert rows_of(df) == expected(r for r in tiered.records if r.partition == 1)
 
 
 def test_unknown_topic_is_empty(tierproxy, tiered):
-    assert read(tierproxy, {**tiered.options, "topic": "never-tiered"}).count() == 0
+    assert read(tierproxy, {**_options(tiered), "topic": "never-tiered"}).count() == 0
 
 
 @pytest.mark.parametrize("options, message", [
@@ -261,7 +196,7 @@ def test_unknown_topic_is_empty(tierproxy, tiered):
 ])
 def test_bad_options_name_the_option(tierproxy, tiered, options, message):
     with pytest.raises(Exception, match=message):
-        read(tierproxy, {**tiered.options, **options}).count()
+        read(tierproxy, {**_options(tiered), **options}).count()
 
 
 def test_s3_backend(tierproxy, tiered, kafka_cluster, s3_server, tmp_path):

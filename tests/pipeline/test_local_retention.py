@@ -1,128 +1,48 @@
-"""Local retention: DeleteRecords on the real broker, only over COPY_SEGMENT_FINISHED data.
-
-The helpers at the top are shared with the remote retention and partition removal tests.
-"""
+"""Local retention: DeleteRecords on the real broker, only over COPY_SEGMENT_FINISHED data."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from pathlib import Path
-
-from aiokafka import AIOKafkaProducer
 
 from tierproxy.client.cluster import Cluster
 from tierproxy.pipeline.local_retention import LocalRetentionLimits, local_trim
 from tierproxy.pipeline.retention import run_retention
-from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.apis import ErrorCode
 from tierproxy.config import Config, parse
-from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
-from tierproxy.storage.metadata import RemoteLogMetadataManager
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentState,
-    TopicIdPartition,
+from tierproxy.storage.model import RemoteLogSegmentId, RemoteLogSegmentState, TopicIdPartition
+from tests.helpers.retention import (
+    broker_log_start,
+    four_segments,
+    produce_groups,
+    retention_config,
+    rule_segment,
+    run_past_two_segments,
+    stores,
+    tier,
+    tiered_groups,
 )
-from tierproxy.storage.rsm import RemoteStorageManager
-from tests.helpers.remote_tier import tier_from_broker
-
-GROUPS = 6
-PER_GROUP = 20
-GROUP_STEP_MS = 60_000
-
-
-# ---------------------------------------------------------------- shared helpers
-
-
-async def produce_groups(bootstrap: str, topic: str, *, partition: int = 0, groups: int = GROUPS,
-                         per_group: int = PER_GROUP) -> int:
-    """`groups` runs of `per_group` records, each run flushed on its own (so batches never
-    straddle a multiple of `per_group`), with timestamps one GROUP_STEP_MS apart per run, in
-    the past. Returns the first run's timestamp."""
-    first_ms = int(time.time() * 1000) - groups * GROUP_STEP_MS
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50)
-    await producer.start()
-    try:
-        for g in range(groups):
-            futures = [
-                await producer.send(topic, value=b"v%d-%d" % (g, i) * 10, key=b"k%d" % i, partition=partition,
-                                    timestamp_ms=first_ms + g * GROUP_STEP_MS)
-                for i in range(per_group)
-            ]
-            await producer.flush()
-            for future in futures:
-                await future
-    finally:
-        await producer.stop()
-    return first_ms
-
-
-def retention_config(tmp_path: Path, bootstrap: str, topics: Mapping[str, Mapping[str, object]],
-                     **extra: str) -> Config:
-    """Local-file RSM and file RLMM under `tmp_path`; `topics` maps a tiered topic to its
-    topic-level overrides (`{"local.retention.ms": 0}`)."""
-    properties = {
-        "bootstrap.servers": bootstrap,
-        "remote.log.storage.local.dir": str(tmp_path / "remote"),
-        "remote.log.metadata.dir": str(tmp_path / "metadata"),
-        **extra,
-    }
-    for name, overrides in topics.items():
-        properties[f"topic.{name}.remote.storage.enable"] = "true"
-        for key, value in overrides.items():
-            properties[f"topic.{name}.{key}"] = str(value)
-    return parse(properties)
-
-
-@asynccontextmanager
-async def stores(config: Config) -> AsyncIterator[tuple[RemoteLogMetadataManager, RemoteStorageManager]]:
-    async with remote_log_metadata_manager(config) as rlmm, remote_storage_manager(config) as rsm:
-        yield rlmm, rsm
-
-
-async def tier(bootstrap: str, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager, work_dir: Path,
-               topic: str, *, end: int, cut_every: int = PER_GROUP,
-               partition: int = 0) -> list[RemoteLogSegmentMetadata]:
-    """Offsets [0, end) of the partition into FINISHED remote segments of `cut_every` offsets."""
-    return await tier_from_broker(bootstrap, topic, partition, end=end, rsm=rsm, rlmm=rlmm, work_dir=work_dir,
-                                  cut_offsets=range(cut_every, end, cut_every))
-
-
-async def broker_log_start(cluster: Cluster, topic: str, partition: int = 0) -> int:
-    topics = await cluster.topics([topic])
-    return (await cluster.list_offsets(topics, [(topic, partition)], OffsetSpec.EARLIEST))[(topic, partition)].offset
 
 
 # ---------------------------------------------------------------- the rule, without a broker
 
 
-def _segment(start: int, end: int, *, max_ts: int = 0, size: int = 100,
-             state: RemoteLogSegmentState = RemoteLogSegmentState.COPY_SEGMENT_FINISHED) -> RemoteLogSegmentMetadata:
-    tp = TopicIdPartition(uuid.UUID(int=1), "t", 0)
-    return RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), start, end, max_ts, 0, 0,
-                                    ((0, start),), size, state)
-
-
 def test_trim_stops_at_a_gap_an_unfinished_segment_and_the_high_watermark():
     no_limit_but_time = LocalRetentionLimits(retention_ms=0, retention_bytes=-1)
-    segments = [_segment(0, 9), _segment(10, 19), _segment(25, 29)]  # offsets 20..24 are not remote
+    segments = [rule_segment(0, 9), rule_segment(10, 19), rule_segment(25, 29)]  # offsets 20..24 are not remote
     assert local_trim(segments, 0, 100, no_limit_but_time, now_ms=10).new_log_start_offset == 20
     # The log start inside a segment: that segment still counts (it holds the log start).
     assert local_trim(segments, 5, 100, no_limit_but_time, now_ms=10).new_log_start_offset == 20
     # Nothing finished from the log start on.
     assert local_trim(segments, 20, 100, no_limit_but_time, now_ms=10) is None
-    unfinished = [_segment(0, 9), _segment(10, 19, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED)]
+    unfinished = [rule_segment(0, 9), rule_segment(10, 19, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED)]
     assert local_trim(unfinished, 0, 100, no_limit_but_time, now_ms=10).new_log_start_offset == 10
     # Remote data past the broker's high watermark is never a reason to go there.
     assert local_trim(segments, 0, 15, no_limit_but_time, now_ms=10).new_log_start_offset == 10
 
 
 def test_time_and_size_each_delete_a_prefix_and_either_suffices():
-    segments = [_segment(i * 10, i * 10 + 9, max_ts=1000 * (i + 1), size=100) for i in range(4)]
+    segments = four_segments()
     by_time = local_trim(segments, 0, 100, LocalRetentionLimits(2500, -1), now_ms=5000)  # cutoff 2500
     assert (by_time.new_log_start_offset, by_time.reason) == (20, "time")
     # Size: 400 bytes, limit 150 -> diff 250: two segments fit in it, a third would not.
@@ -149,19 +69,13 @@ async def test_time_retention_trims_finished_segments_and_never_past_the_remote_
         kafka_cluster, topic, tmp_path):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
-    await produce_groups(bootstrap, name)
-    async with stores(retention_config(tmp_path, bootstrap, {name: {}})) as (rlmm, rsm), \
-            Cluster(bootstrap.split(",")) as cluster:
-        # Offsets 0..79 are remote (X = 79), 80..119 only on the broker.
-        segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=80)
+    # Offsets 0..79 are remote (X = 79), 80..119 only on the broker.
+    async with tiered_groups(bootstrap, name, tmp_path, end=80) as tiered:
+        rlmm, rsm, cluster, segments = tiered
         assert [(s.start_offset, s.end_offset) for s in segments] == [(0, 19), (20, 39), (40, 59), (60, 79)]
 
         # local.retention.ms puts the cutoff between the second and third segment's timestamps.
-        local_ms = 3_600_000
-        now_ms = segments[1].max_timestamp_ms + local_ms + 1
-        config = retention_config(tmp_path, bootstrap, {name: {"local.retention.ms": local_ms}})
-        report = await run_retention(config, cluster, rlmm, rsm, now_ms=now_ms)
-        assert report.ok, report.failures
+        _, _, report = await run_past_two_segments(tiered, tmp_path, bootstrap, name, "local.retention.ms")
         (trim,) = report.trimmed
         assert (trim.old_log_start_offset, trim.new_log_start_offset, trim.segments, trim.reason) == (0, 40, 2, "time")
         assert trim.bytes == segments[0].segment_size_in_bytes + segments[1].segment_size_in_bytes
@@ -186,10 +100,7 @@ async def test_time_retention_trims_finished_segments_and_never_past_the_remote_
 async def test_size_retention_keeps_at_least_the_limit(kafka_cluster, topic, tmp_path):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
-    await produce_groups(bootstrap, name)
-    async with stores(retention_config(tmp_path, bootstrap, {name: {}})) as (rlmm, rsm), \
-            Cluster(bootstrap.split(",")) as cluster:
-        segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=100)
+    async with tiered_groups(bootstrap, name, tmp_path, end=100) as (rlmm, rsm, cluster, segments):
         sizes = [s.segment_size_in_bytes for s in segments]
         assert len(sizes) == 5
         now_ms = int(time.time() * 1000)

@@ -15,7 +15,7 @@ from tierproxy.pipeline.retention import RetentionFailure, RetentionReport
 from tierproxy.pipeline.tier import PartitionSummary, PassReport, run_every
 from tierproxy.storage.model import RemoteLogSegmentState, TopicIdPartition
 from tests.helpers.produce import produce_codecs
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, all_segments, tier_config
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, all_segments, tier_config
 
 
 def _plan(topic: str, partition: int) -> PartitionPlan:

@@ -19,8 +19,7 @@ from tierproxy.storage.model import (
     TopicIdPartition,
 )
 
-from .test_local_retention import produce_groups, retention_config, stores, tier
-from .test_remote_retention import last_states
+from tests.helpers.retention import last_states, produce_groups, retention_config, stores, tier
 
 INTERVAL_MS = 3_600_000
 

@@ -6,35 +6,24 @@ import time
 import uuid
 from pathlib import Path
 
-from tierproxy.client.cluster import Cluster
 from tierproxy.pipeline.remote_retention import expired_segments
 from tierproxy.pipeline.retention import REMOTE_RETENTION, run_retention
 from tierproxy.storage.errors import RemoteStorageError
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager, scan_entries
-from tierproxy.storage.model import (
-    LogSegmentData,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import LogSegmentData, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager, kafka_uuid
-
-from .test_local_retention import broker_log_start, produce_groups, retention_config, stores, tier
+from tests.helpers.retention import (
+    broker_log_start,
+    four_segments,
+    last_states,
+    retention_config,
+    rule_segment,
+    run_past_two_segments,
+    tiered_groups,
+)
 
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
-
-
-def last_states(rlmm: FileRemoteLogMetadataManager) -> dict[uuid.UUID, RemoteLogSegmentState]:
-    """Each segment's last state as written to the metadata file (forgotten ones included)."""
-    records, _ = scan_entries(rlmm.path.read_bytes())
-    states = {}
-    for record in records:
-        if isinstance(record, (RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate)):
-            states[record.segment_id.id] = record.state
-    return states
 
 
 async def segment_keys(rsm: RemoteStorageManager, segment: RemoteLogSegmentMetadata) -> list[str]:
@@ -78,10 +67,8 @@ class FailingDeletes(RemoteStorageManager):
 
 
 def test_expiry_is_a_prefix_by_time_or_size():
-    from .test_local_retention import _segment
-
-    segments = [_segment(i * 10, i * 10 + 9, max_ts=1000 * (i + 1), size=100) for i in range(4)]
-    segments.append(_segment(40, 49, max_ts=0, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED))
+    segments = four_segments()
+    segments.append(rule_segment(40, 49, max_ts=0, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED))
     expired, reason = expired_segments(segments, 2500, -1, now_ms=5000)
     assert [s.start_offset for s in expired] == [0, 10] and reason == "time"
     # 400 finished bytes, limit 150: two segments fit in the 250 over it.
@@ -96,16 +83,10 @@ def test_expiry_is_a_prefix_by_time_or_size():
 async def test_time_retention_expires_exactly_the_old_segments(kafka_cluster, topic, tmp_path):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
-    await produce_groups(bootstrap, name)
-    async with stores(retention_config(tmp_path, bootstrap, {name: {}})) as (rlmm, rsm), \
-            Cluster(bootstrap.split(",")) as cluster:
-        segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=100)
+    async with tiered_groups(bootstrap, name, tmp_path, end=100) as tiered:
+        rlmm, rsm, cluster, segments = tiered
         tp = segments[0].topic_id_partition
-        retention_ms = 3_600_000
-        now_ms = segments[1].max_timestamp_ms + retention_ms + 1
-        config = retention_config(tmp_path, bootstrap, {name: {"retention.ms": retention_ms}})
-        report = await run_retention(config, cluster, rlmm, rsm, now_ms=now_ms)
-        assert report.ok, report.failures
+        config, now_ms, report = await run_past_two_segments(tiered, tmp_path, bootstrap, name, "retention.ms")
         (expiry,) = report.expired
         assert (expiry.old_log_start_offset, expiry.new_log_start_offset, expiry.segments, expiry.reason) == \
             (0, 40, 2, "time")
@@ -131,10 +112,7 @@ async def test_time_retention_expires_exactly_the_old_segments(kafka_cluster, to
 async def test_size_retention_and_an_interrupted_delete_completed_next_pass(kafka_cluster, topic, tmp_path):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
-    await produce_groups(bootstrap, name)
-    async with stores(retention_config(tmp_path, bootstrap, {name: {}})) as (rlmm, rsm), \
-            Cluster(bootstrap.split(",")) as cluster:
-        segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=100)
+    async with tiered_groups(bootstrap, name, tmp_path, end=100) as (rlmm, rsm, cluster, segments):
         tp = segments[0].topic_id_partition
         sizes = [s.segment_size_in_bytes for s in segments]
         # Keep the last three: the oldest two go, oldest first.
@@ -175,11 +153,9 @@ async def test_size_retention_and_an_interrupted_delete_completed_next_pass(kafk
 async def test_time_retention_on_s3(kafka_cluster, topic, tmp_path, s3_server):
     bootstrap = kafka_cluster.bootstrap_servers
     name = topic()
-    await produce_groups(bootstrap, name, groups=3)
     s3 = s3_server.storage_properties(f"retention-{uuid.uuid4().hex[:8]}")
     config = retention_config(tmp_path, bootstrap, {name: {"retention.ms": 60_000}}, **s3)
-    async with stores(config) as (rlmm, rsm), Cluster(bootstrap.split(",")) as cluster:
-        segments = await tier(bootstrap, rlmm, rsm, tmp_path / "work", name, end=60)
+    async with tiered_groups(bootstrap, name, tmp_path, end=60, groups=3, **s3) as (rlmm, rsm, cluster, segments):
         tp = segments[0].topic_id_partition
         keys_before = await rsm.list_partition_objects(tp)
         report = await run_retention(config, cluster, rlmm, rsm, now_ms=segments[0].max_timestamp_ms + 60_001)

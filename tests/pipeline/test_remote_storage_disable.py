@@ -32,10 +32,11 @@ from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.model import RemoteLogSegmentState, RemotePartitionDeleteState, TopicIdPartition
 from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
-from tests.helpers.produce import produce_codecs
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, finished_segments
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
-from tests.proxy.tiered_helpers import consume_confluent_assigned, wait_until
+from tests.helpers.consume import consume_confluent_assigned
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, finished_segments
+from tests.helpers.produce import produce_codecs, until_older
+from tests.helpers.proxy import ProxyThread, proxy_config
+from tests.helpers.wait import wait_until
 
 PARTITIONS = 2
 
@@ -78,8 +79,10 @@ async def test_copy_disable_then_a_refused_and_an_accepted_remote_storage_disabl
     bootstrap = kafka_cluster.bootstrap_servers
     subject = topic(partitions=PARTITIONS, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
     other = topic(partitions=PARTITIONS, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
-    await produce_codecs(bootstrap, subject, PARTITIONS, 1_500)
-    await produce_codecs(bootstrap, other, PARTITIONS, 1_000)
+    produced = await produce_codecs(bootstrap, subject, PARTITIONS, 1_500)
+    produced += await produce_codecs(bootstrap, other, PARTITIONS, 1_000)
+    # local.retention.ms=0 trims only behind records stamped before the pass's clock.
+    await until_older(produced, 100)
 
     tiered = parse(_properties(tmp_path, bootstrap, subject, other))
     report = await asyncio.to_thread(_pass, tiered, spark)

@@ -7,9 +7,6 @@ states with its objects removed.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,35 +26,13 @@ from tierproxy.storage.model import (
 )
 from tierproxy.storage.rsm import kafka_uuid
 from tests.helpers.produce import produce_mixed
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 
 S = RemoteLogSegmentState
 SMALL_SEGMENT_BYTES = 32 * 1024
 # A segment is 6 objects (log, 3 indexes, leader-epoch checkpoint, manifest) or 7: failing
 # after 8 lets the first segment complete and breaks the second half-way.
 FAIL_AFTER_OBJECTS = 8
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
-    """local[2,2]: two cores, and a failed task runs once more (local mode's maxFailures)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("tierproxy-crash-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-        .getOrCreate()
-    )
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def history(config: Config) -> list:

@@ -1,5 +1,5 @@
 """`tierproxy tier` with encryption turned on, then rotated, against the real broker and
-Spark local[2]: segments copied before encryption, under k1 and under k2 sit side by side
+Spark in local mode: segments copied before encryption, under k1 and under k2 sit side by side
 in each partition, and one replay through the proxy and one Spark read each return every
 record; with k1 retired too early they refuse rather than serve. To S3 the same, with
 server-side encryption on every object too."""
@@ -7,8 +7,6 @@ server-side encryption on every object too."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,12 @@ from tierproxy.pipeline.tier import run_pass
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
-from tests.pipeline.test_datasource import read, rows_of
-from tests.pipeline.test_tier import assert_clean, check_remote_log, tier_config
-from tests.proxy.test_passthrough import consume_aiokafka, running_proxy
-from tests.proxy.tiered_helpers import produce_timed
+from tests.helpers.consume import consume_aiokafka
+from tests.helpers.datasource import read, rows_of
+from tests.helpers.pipeline import assert_clean, check_remote_log, tier_config
+from tests.helpers.produce import produce_timed
+from tests.helpers.proxy import running_proxy
+from tests.helpers.tiered import encryption_keys, local_store, write_key
 
 PARTITIONS = 2
 PER_PHASE = 400  # records per partition and phase, 1 KB each: several 128 KiB segments
@@ -30,16 +30,11 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _keys(directory: Path, *ids: str) -> dict[str, Path]:
-    directory.mkdir(exist_ok=True)
-    out = {}
-    for key_id in ids:
-        out[key_id] = directory / f"{key_id}.key"
-        out[key_id].write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
-    return out
+    return {key_id: write_key(directory / f"{key_id}.key") for key_id in ids}
 
 
 def _encryption(keys: dict[str, Path], active: str) -> dict[str, str]:
-    return {"remote.log.storage.encryption.keys": ",".join(f"{k}:{p}" for k, p in keys.items()),
+    return {"remote.log.storage.encryption.keys": encryption_keys(keys),
             "remote.log.storage.encryption.active.key": active}
 
 
@@ -85,17 +80,13 @@ async def test_rotation_through_the_pipeline_then_one_replay_through_the_proxy_a
     expected = sorted((r.partition, r.offset, r.key, r.value) for r in produced)
     remote = [row for row in expected if row[1] < ends[row[0]]]
 
-    proxy_settings = {"remote.log.storage.local.dir": tmp_path / "remote",
-                      "remote.log.metadata.dir": tmp_path / "metadata", **phases[2]}
-    with running_proxy(bootstrap, nodes=1, **proxy_settings) as proxy:
+    with running_proxy(bootstrap, nodes=1, **local_store(tmp_path), **phases[2]) as proxy:
         consumed = await consume_aiokafka(proxy.bootstrap_servers, name, len(produced))
         assert sorted((r.partition, r.offset, r.key, r.value) for r in consumed) == expected
         assert proxy.metrics.value("tierproxy_remote_partitions_served_total", {"topic": name}) >= PARTITIONS
 
     register(spark)
-    options = {"topic": name, "remote.log.storage.backend": "local",
-               "remote.log.storage.local.dir": str(tmp_path / "remote"),
-               "remote.log.metadata.dir": str(tmp_path / "metadata"), **phases[2]}
+    options = {"topic": name, **local_store(tmp_path), **phases[2]}
     rows = await asyncio.to_thread(lambda: rows_of(read(spark, options), name))
     assert [row[:4] for row in rows] == remote
 

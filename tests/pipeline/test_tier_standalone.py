@@ -13,17 +13,16 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import javaproperties
 import pyspark
 import pytest
 
 from testbed.ports import free_ports
 from testbed.processes import log_tail, spawn, stop_pids
+from tests.helpers.commands import SPARK_ENV, TIERPROXY, write_properties
 from tests.helpers.produce import produce_mixed
-from tests.pipeline.test_tier import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, check_remote_log, tier_config
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
 
 
 def _wait_for(url: str, text: str, log: Path, timeout: float = 90.0) -> None:
@@ -65,34 +64,41 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 async def _tier_on(master_url: str, properties: Path, app_name: str) -> subprocess.CompletedProcess:
     """`tierproxy tier` with the file, on the standalone master; it must succeed."""
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
     done = await asyncio.to_thread(
         subprocess.run,
         [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"spark.master={master_url}",
          "--override", f"spark.app.name={app_name}"],
-        env=env, capture_output=True, text=True, timeout=240,
+        env=SPARK_ENV, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
 
+async def _mixed_topic(kafka_cluster, topic, tmp_path: Path, partitions: int, per_codec: int,
+                       per_transaction: int):
+    """A topic of small broker segments with the mixed data set, its tiering configuration
+    (32 KiB remote segments) and that in a file."""
+    name = topic(partitions=partitions, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    await produce_mixed(kafka_cluster.bootstrap_servers, name, partitions, per_codec=per_codec,
+                        per_transaction=per_transaction)
+    config = tier_config(tmp_path, kafka_cluster.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024})
+    return name, config, write_properties(tmp_path / "tier.properties", config.raw())
+
+
+def _completed_apps(ui: int) -> list[str]:
+    """The applications the standalone master lists as completed, oldest first."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+        return [app["name"] for app in json.load(response)["completedapps"]]
+
+
 async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluster, topic, tmp_path):
-    bootstrap = kafka_cluster.bootstrap_servers
-    name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
-    await produce_mixed(bootstrap, name, 2, per_codec=1_000, per_transaction=50)
-    config = tier_config(tmp_path, bootstrap, name, topic_settings={"segment.bytes": 32 * 1024})
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
+    name, config, properties = await _mixed_topic(kafka_cluster, topic, tmp_path, 2, 1_000, 50)
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-test")
     assert "2 partitions," in done.stdout  # the summary line
     # It ran on the standalone cluster: its master lists the application as completed.
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
-    assert [app["name"] for app in state["completedapps"]] == ["tierproxy-standalone-test"]
+    assert _completed_apps(ui) == ["tierproxy-standalone-test"]
 
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert all(len(s) >= 2 for s in segments.values())
@@ -100,13 +106,7 @@ async def test_tier_command_runs_on_a_standalone_master(standalone, kafka_cluste
 
 async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, tmp_path):
     """spark-submit with tierproxy/submit.py: the submitted master wins over the file's."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    name = topic(partitions=1, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
-    await produce_mixed(bootstrap, name, 1, per_codec=500, per_transaction=20)
-    config = tier_config(tmp_path, bootstrap, name, topic_settings={"segment.bytes": 32 * 1024})
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
+    name, config, properties = await _mixed_topic(kafka_cluster, topic, tmp_path, 1, 500, 20)
 
     master_url, ui = standalone
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
@@ -120,10 +120,8 @@ async def test_spark_submit_runs_the_same_job(standalone, kafka_cluster, topic, 
         env=env, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
     # config says local[*]; the job ran on the standalone master all the same.
-    assert "tierproxy-spark-submit" in [app["name"] for app in state["completedapps"]]
+    assert "tierproxy-spark-submit" in _completed_apps(ui)
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert segments and all(len(s) >= 1 for s in segments.values())
 
@@ -144,15 +142,11 @@ async def test_tier_command_on_a_standalone_master_over_sasl_ssl(standalone, sec
     security = secure_kafka.tierproxy_properties(mechanism="SCRAM-SHA-512")
     config = tier_config(tmp_path, secure_kafka.bootstrap_servers, name, topic_settings={"segment.bytes": 32 * 1024},
                          extra=security)
-    properties = tmp_path / "tier.properties"
-    with open(properties, "w", encoding="utf-8") as f:
-        javaproperties.dump(config.raw(), f)
+    properties = write_properties(tmp_path / "tier.properties", config.raw())
 
     master_url, ui = standalone
     done = await _tier_on(master_url, properties, "tierproxy-standalone-sasl-ssl")
     assert security["sasl.password"] not in done.stdout + done.stderr
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
-        state = json.load(response)
-    assert "tierproxy-standalone-sasl-ssl" in [app["name"] for app in state["completedapps"]]
+    assert "tierproxy-standalone-sasl-ssl" in _completed_apps(ui)
     segments = await check_remote_log(config, name, tail_may_wait=True)
     assert all(len(s) >= 2 for s in segments.values())

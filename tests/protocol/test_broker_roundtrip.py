@@ -10,7 +10,6 @@ from collections import defaultdict
 import pytest
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
-from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.list_offsets.v7 import request as list_offsets7
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8, i32, i32Timedelta, i64
@@ -18,6 +17,7 @@ from tierproxy.protocol.apis import ApiKey, ErrorCode, OffsetSpec
 from tierproxy.protocol.codecs import INTERCEPTED, request_schema
 from tierproxy.protocol.records import Compression, ControlType, control_type, iter_batches
 from tierproxy.client.connection import KafkaConnection
+from tierproxy.protocol.requests import fetch_request
 from tests.helpers.produce import produce_mixed
 
 PARTITIONS = 3
@@ -153,25 +153,8 @@ async def _list_offsets(conn, topic: str, spec: int) -> dict[int, int]:
 
 
 async def _fetch(conn, topic: str, partition: int, offset: int, max_bytes: int = 64 * 1024):
-    response = await conn.request(
-        fetch12.FetchRequest(
-            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
-            min_bytes=i32(1),
-            max_bytes=i32(max_bytes),
-            isolation_level=i8(0),  # READ_UNCOMMITTED: aborted data and markers included
-            topics=(
-                fetch12.FetchTopic(
-                    topic=topic,
-                    partitions=(
-                        fetch12.FetchPartition(
-                            partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)
-                        ),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-        )
-    )
+    # READ_UNCOMMITTED: aborted data and markers included.
+    response = await conn.request(fetch_request(topic, partition, offset, max_bytes))
     (topic_response,) = response.responses
     (partition_response,) = topic_response.partitions
     return partition_response

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.records import iter_batches, log_batches, log_batches_async
 
-from .test_records import batch_shapes, build_log
+from tests.helpers.batches import batch_shapes, build_log
 
 
 def _cuts(data: st.DataObject, size: int) -> list[int]:

@@ -19,20 +19,7 @@ from tierproxy.protocol.records import (
     iter_batches,
     read_batch_header,
 )
-from tests.helpers.batches import batch, control_batch
-
-# (records in batch, value size) for a run of consecutive batches.
-batch_shapes = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 300)), min_size=1, max_size=12)
-
-
-def build_log(shapes, base_offset=0, leader_epoch=0) -> tuple[bytes, list[tuple[int, int]]]:
-    """Consecutive batches; returns the bytes and each batch's (base, last) offsets."""
-    parts, ranges, offset = [], [], base_offset
-    for count, value_size in shapes:
-        parts.append(batch(offset, count, value_size=value_size, leader_epoch=leader_epoch))
-        ranges.append((offset, offset + count - 1))
-        offset += count
-    return b"".join(parts), ranges
+from tests.helpers.batches import batch, batch_shapes, build_log, control_batch
 
 
 @given(batch_shapes, st.integers(0, 2**40), st.integers(0, 1000))

@@ -29,13 +29,8 @@ from tierproxy.client.connection import KafkaConnection
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.serve import build_filters
 from tierproxy.config.addresses import parse_host_port
-from tests.proxy.test_passthrough import (
-    ProxyThread,
-    confluent_key,
-    consume_aiokafka,
-    consume_confluent,
-    proxy_config,
-)
+from tests.helpers.consume import confluent_key, consume_aiokafka, consume_confluent
+from tests.helpers.proxy import ProxyThread, proxy_config
 
 NODES = 3
 

@@ -26,7 +26,7 @@ from tierproxy.config.addresses import parse_host_port
 from tierproxy.proxy.server import ProxyServer
 from tierproxy.proxy.serve import build_filters
 from testbed.ports import free_port
-from tests.proxy.test_passthrough import proxy_config
+from tests.helpers.proxy import proxy_config
 
 RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 MAX_REQUEST = 64 * 1024

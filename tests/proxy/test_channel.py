@@ -21,7 +21,8 @@ from tierproxy.protocol.requests import list_offsets_request
 from testbed.kafka import ADMIN_USER
 from testbed.raw import api_versions, closed_by_peer, frame, read_frames, sasl_handshake, sasl_plain
 from tests.helpers.batches import batch
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
+from tests.helpers.proxy import ProxyThread, proxy_config
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,13 +84,16 @@ def test_malformed_request_is_one_warning_per_connection(kafka_cluster, proxy, c
     # A Fetch v12 whose header is fine and whose body is garbage, 55 bytes in all.
     header = encode_request_header(ApiKey.FETCH, 12, 7, "bad", 2)
     body = header + b"\xff" * (55 - len(header))
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name.startswith("tierproxy.proxy") and r.levelno >= logging.WARNING]
+
     with caplog.at_level(logging.DEBUG, logger="tierproxy.proxy"):
         for _ in range(10):
             with socket.create_connection(address(proxy)) as sock:
                 sock.sendall(frame(body))
                 assert closed_by_peer(sock)
-        time.sleep(0.2)
-    lines = [r for r in caplog.records if r.name.startswith("tierproxy.proxy") and r.levelno >= logging.WARNING]
+        wait_for(lambda: len(warnings()) >= 10, 10, "a warning per closed connection")
+    lines = warnings()
     assert len(lines) == 10, [r.getMessage() for r in lines]
     for record in lines:
         assert record.levelno == logging.WARNING and record.exc_info is None

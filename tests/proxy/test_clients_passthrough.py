@@ -6,7 +6,6 @@ commit and rebalance through it."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 
@@ -15,19 +14,13 @@ from typing import Any
 
 import pytest
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from tests.helpers.produce import ProducedRecord, produce_mixed
-from tests.proxy.test_passthrough import (
-    ProxyThread,
-    confluent_key,
-    consume_aiokafka,
-    consume_confluent,
-    expected_keys,
-    record_key,
-    running_proxy,
-)
+from tests.helpers.produce import ProducedRecord, produce_mixed, produce_values
+from tests.helpers.consume import confluent_key, console_consumer_read_committed, consume_aiokafka, consume_confluent
+from tests.helpers.consume import expected_keys, kcat_read_committed, printed_keys, record_key
+from tests.helpers.proxy import ProxyThread, running_proxy
 
 PARTITIONS = 3
 
@@ -78,51 +71,23 @@ def test_confluent_kafka_read_uncommitted_sees_aborted_records(proxy, mixed_topi
 
 def test_kcat_reads_every_committed_record(proxy, mixed_topic):
     topic, produced = mixed_topic
-    committed = expected_keys(produced, read_committed=True)
     # kcat prints one line per record: partition, offset, key; values are checked above.
-    result = subprocess.run(
-        ["kcat", "-b", proxy.bootstrap_servers, "-C", "-t", topic, "-o", "beginning", "-e", "-q",
-         "-X", "isolation.level=read_committed", "-f", "%p %o %k\\n"],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    lines = sorted(tuple(line.split(" ")) for line in result.stdout.splitlines() if line)
-    assert lines == sorted((str(p), str(o), k.decode()) for p, o, k, _ in committed)
+    committed = printed_keys(r for r in produced if r.committed)
+    assert kcat_read_committed(proxy.bootstrap_servers, topic, timeout=60) == committed
 
 
 def test_java_console_consumer_reads_every_committed_record(kafka_cluster, proxy, mixed_topic):
     topic, produced = mixed_topic
-    committed = expected_keys(produced, read_committed=True)
-    result = kafka_cluster.java_tool(
-        "org.apache.kafka.tools.consumer.ConsoleConsumer",
-        "--bootstrap-server", proxy.bootstrap_servers, "--topic", topic, "--from-beginning",
-        "--max-messages", str(len(committed)), "--timeout-ms", "30000",
-        "--isolation-level", "read_committed",
-        "--property", "print.key=true", "--property", "print.value=false",
-        "--property", "print.partition=true", "--property", "print.offset=true",
-        timeout=90)
-    assert result.returncode == 0, result.stderr[-2000:]
-    got = sorted(_console_line(line) for line in result.stdout.splitlines() if line.startswith("Partition:"))
-    assert got == sorted((p, o, k.decode()) for p, o, k, _ in committed)
-
-
-def _console_line(line: str) -> tuple[int, int, str]:
-    # "Partition:1\tOffset:42\taiokafka-none-7"
-    partition, offset, key = line.split("\t")[:3]
-    return int(partition.split(":")[1]), int(offset.split(":")[1]), key
+    committed = printed_keys(r for r in produced if r.committed)
+    assert console_consumer_read_committed(kafka_cluster, proxy.bootstrap_servers, topic, len(committed),
+                                           timeout=90) == committed
 
 
 async def test_consumer_group_commits_and_rebalances_through_the_proxy(kafka_cluster, proxy):
     topic = f"groups-{uuid.uuid4().hex[:8]}"
     kafka_cluster.create_topic(topic, partitions=4)
     try:
-        producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap_servers)
-        await producer.start()
-        try:
-            for i in range(40):
-                await producer.send(topic, value=b"v%d" % i, partition=i % 4)
-            await producer.flush()
-        finally:
-            await producer.stop()
+        await produce_values(proxy.bootstrap_servers, topic, 40, 4)
         group = f"group-{uuid.uuid4().hex[:8]}"
         common = dict(bootstrap_servers=proxy.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
                       enable_auto_commit=False, session_timeout_ms=10000, heartbeat_interval_ms=500)

@@ -4,45 +4,28 @@ and no error while it is exceeded, and the partitions the broker serves are not 
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from tierproxy.storage.local import LocalRemoteStorageManager
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.quota import RateQuota, QuotaSettings
-from tests.proxy.test_passthrough import running_proxy
-from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
+from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
 QUOTA = 256 * 1024  # bytes per second
 VALUE_SIZE = 1000
 PER_PARTITION = 1800  # ~1.8 MB a partition: partition 0 almost all remote, partition 1 all local
+SPEC = TopicSpec(Timed(PER_PARTITION, value_size=VALUE_SIZE), partitions=2, fraction=0.95, tier=(0,),
+                 segment_bytes=256 * 1024)
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def tiered(kafka_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    topic = f"quota-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=2)
-    root = tmp_path_factory.mktemp("quota")
-    records = produce_timed(kafka_cluster.client_config(), topic, 2, PER_PARTITION, value_size=VALUE_SIZE)
-
-    async def build() -> TieredTopic:
-        async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work", fraction=0.95, partitions=[0],
-                                       segment_bytes=256 * 1024)
-
-    data = asyncio.run(build())
+def tiered(kafka_cluster, tiered_topics) -> TieredTopic:
+    data = tiered_topics(SPEC, kafka_cluster)
     assert data.boundary[1] == 0 and data.boundary[0] > PER_PARTITION * 0.9
-    yield data, root
-    kafka_cluster.delete_topic(topic)
+    return data
 
 
 def _replay(proxy, data: TieredTopic) -> tuple[float, dict[int, float], list]:
@@ -72,16 +55,15 @@ def _replay(proxy, data: TieredTopic) -> tuple[float, dict[int, float], list]:
     return time.monotonic() - started, done, errors
 
 
-def test_a_backfill_is_held_to_the_fetch_quota_and_local_partitions_are_not(kafka_cluster, tiered):
-    data, root = tiered
+def test_a_backfill_is_held_to_the_fetch_quota_and_local_partitions_are_not(tiered):
+    data = tiered
     remote_bytes = sum(len(r.value) + len(r.key) for r in data.remote(0))
     allowed_s = remote_bytes / QUOTA
-    settings = {**local_proxy_settings(root), "remote.log.manager.fetch.max.bytes.per.second": QUOTA,
-                "remote.log.manager.fetch.quota.window.num": 2}
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(root)) as free:
+    settings = {"remote.log.manager.fetch.max.bytes.per.second": QUOTA, "remote.log.manager.fetch.quota.window.num": 2}
+    with data.proxy() as free:
         unthrottled, _, errors = _replay(free, data)
     assert not errors
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **settings) as proxy:
+    with data.proxy(**settings) as proxy:
         elapsed, done, errors = _replay(proxy, data)
         throttled = proxy.metrics.registry.get_sample_value("tierproxy_remote_fetch_throttle_seconds_count") or 0
     print(f"{remote_bytes} remote bytes at {QUOTA} B/s: {elapsed:.1f} s with the quota ({allowed_s:.1f} s allowed),"

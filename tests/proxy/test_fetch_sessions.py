@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 from kio.schema.fetch.v12 import request as fetch
@@ -24,12 +22,14 @@ from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import milliseconds
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tests.proxy.test_passthrough import ProxyThread, running_proxy
-from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
+from tests.helpers.fixtures import proxy_fixture, tiered_fixture
+from tests.helpers.produce import produce_timed
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import TWO_TIMED_PARTITIONS, TieredTopic, tier_and_trim
 
 pytestmark = pytest.mark.timeout(180)
 
-PER_PARTITION = 1500
+PER_PARTITION = TWO_TIMED_PARTITIONS.produce.per_partition
 
 
 def session_fetch(topic: str, positions: dict[int, int], *, session_id: int, epoch: int,
@@ -61,37 +61,8 @@ def next_position(records: bytes | None, position: int) -> int:
     return batches[-1].next_offset if batches else position
 
 
-async def _tiered_topic(bootstrap: str, root: Path, topic: str, partitions: list[int]) -> TieredTopic:
-    rsm = LocalRemoteStorageManager(root / "remote")
-    rlmm = FileRemoteLogMetadataManager(root / "metadata")
-    await rlmm.start()
-    try:
-        records = produce_timed({"bootstrap.servers": bootstrap}, topic, 2, PER_PARTITION)
-        return await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
-                                   partitions=partitions)
-    finally:
-        await rlmm.close()
-        await rsm.close()
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("sessions")
-
-
-@pytest.fixture(scope="module")
-def tiered(kafka_cluster, root) -> Iterator[TieredTopic]:
-    """Two partitions, the first 60% of each remote only."""
-    topic = f"sessions-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=2)
-    yield asyncio.run(_tiered_topic(kafka_cluster.bootstrap_servers, root, topic, [0, 1]))
-    kafka_cluster.delete_topic(topic)
-
-
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, root, tiered) -> Iterator[ProxyThread]:
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(root)) as proxy:
-        yield proxy
+tiered = tiered_fixture(TWO_TIMED_PARTITIONS)  # two partitions, the first 60% of each remote only
+proxy = proxy_fixture()
 
 
 @asynccontextmanager
@@ -159,10 +130,12 @@ async def test_a_partition_the_session_omits_is_read_from_where_it_stopped(proxy
 
 
 async def test_a_partition_gone_remote_at_a_position_the_proxy_never_saw_restarts_the_session(
-        kafka_cluster, proxy, root):
+        kafka_cluster, proxy, tiered):
     """The broker trims a partition under a session whose client did not move on it: the
     proxy does not know the position, the client is sent to a new session, and the full
-    fetch that opens it reads the remote data."""
+    fetch that opens it reads the remote data. (Tiered to the proxy's store, beside the
+    shared topic.)"""
+    root = tiered.root
     topic = f"sessions-later-{uuid.uuid4().hex[:8]}"
     kafka_cluster.create_topic(topic, partitions=2)
     try:
@@ -175,15 +148,10 @@ async def test_a_partition_gone_remote_at_a_position_the_proxy_never_saw_restart
             parts = answered(first)
             assert parts[0].records and not parts[1].records
             session_id = first.session_id
-            rsm = LocalRemoteStorageManager(root / "remote")
-            rlmm = FileRemoteLogMetadataManager(root / "metadata")
-            await rlmm.start()
-            try:
-                tiered = await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
-                                             partitions=[1])
-            finally:
-                await rlmm.close()
-                await rsm.close()
+            async with LocalRemoteStorageManager(root / "remote") as rsm, \
+                    FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+                later = await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
+                                            partitions=[1])
             restarted = await conn.request(session_fetch(topic, {}, session_id=session_id, epoch=1))
             assert restarted.error_code == ErrorCode.fetch_session_id_not_found
             assert restarted.session_id == 0 and not restarted.responses
@@ -199,7 +167,7 @@ async def test_a_partition_gone_remote_at_a_position_the_proxy_never_saw_restart
                 await asyncio.sleep(0.1)
             assert full.session_id != 0
             assert partition.error_code == 0 and data_offsets(partition.records, 0)[0] == 0
-            assert tiered.boundary[1] > 0
+            assert later.boundary[1] > 0
     finally:
         kafka_cluster.delete_topic(topic)
 

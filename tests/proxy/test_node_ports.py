@@ -32,7 +32,7 @@ from tierproxy.config.addresses import parse_host_port
 from tierproxy.protocol.apis import ErrorCode
 from testbed.fixtures import DEFAULT_SEGMENT_BYTES
 from testbed.kafka import KafkaCluster
-from tests.proxy.test_passthrough import ProxyThread, free_port_block, proxy_config
+from tests.helpers.proxy import ProxyThread, free_port_block, proxy_config
 
 NODE = 1001
 pytestmark = pytest.mark.timeout(240)

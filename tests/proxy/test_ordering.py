@@ -23,7 +23,7 @@ from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.ordering import ResponseOrderer
 from tierproxy.config.addresses import parse_host_port
 from tierproxy.proxy.server import ProxyServer
-from tests.proxy.test_passthrough import proxy_config
+from tests.helpers.proxy import proxy_config
 
 RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 

@@ -1,207 +1,32 @@
 """Pass-through against the real broker: opaque frames come back byte for byte,
-acks=0 produce, counters, TLS on both sides, and the `tierproxy serve` command.
-
-The helpers here (imported by the other proxy test modules) run the proxy on uvloop
-in a thread of its own, as `tierproxy serve` runs it, so that blocking clients
-(confluent-kafka, kcat, the Java console consumer) and aiokafka in the test's own
-event loop can all use it.
-"""
+acks=0 produce, counters, TLS on both sides, and the `tierproxy serve` command."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import ipaddress
-import random
 import signal
-import socket
 import ssl
 import subprocess
-import sys
-import threading
-import time
 import urllib.request
 import uuid
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from confluent_kafka import Consumer, Producer
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Producer
 
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
-from tierproxy.config import Config, parse
-from tierproxy.proxy.metrics import ProxyMetrics
-from tierproxy.proxy.serve import build_filters
 from tierproxy.config.addresses import parse_host_port
-from tierproxy.proxy.server import ProxyServer
-from testbed.ports import free_ports
-from tests.helpers.produce import ProducedRecord
-
-LOOPBACK = "127.0.0.1"
-
-
-# --- helpers shared by the proxy tests ------------------------------------------------
-
-
-def free_port_block(count: int, attempts: int = 50) -> int:
-    """A base port such that base .. base+count-1 are free now (the node listeners)."""
-    for _ in range(attempts):
-        base = random.randrange(20000, 60000 - count)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((LOOPBACK, port))
-                sockets.append(sock)
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no block of {count} free ports found")
-
-
-def proxy_config(bootstrap: str, nodes: int = 3, **overrides: Any) -> Config:
-    """Proxy settings on loopback: an ephemeral bootstrap port, node ports free now."""
-    properties = {
-        "bootstrap.servers": bootstrap,
-        "proxy.listener.host": LOOPBACK,
-        "proxy.bootstrap.port": "0",
-        "proxy.broker.port.base": str(free_port_block(nodes)),
-        "metrics.port": "0",
-    }
-    # Keys may be given as keyword-friendly names: socket_request_max_bytes.
-    properties.update({key.replace("_", "."): str(value) for key, value in overrides.items()})
-    return parse(properties)
-
-
-class ProxyThread:
-    """A ProxyServer on its own uvloop event loop in a background thread."""
-
-    def __init__(self, config: Config, metrics: ProxyMetrics | None = None, *, discover: bool = True) -> None:
-        self.config = config
-        self.discover = discover
-        self.metrics = metrics if metrics is not None else ProxyMetrics()
-        self.server: ProxyServer | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="tierproxy", daemon=True)
-
-    def _run(self) -> None:
-        import uvloop
-
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            server = ProxyServer(self.config, build_filters(self.config, self.metrics), self.metrics)
-            try:
-                await server.start(discover=self.discover)
-                self.server = server
-                self._ready.set()
-                await self._stop.wait()
-            finally:
-                await server.close()
-
-        try:
-            uvloop.run(main())
-        except BaseException as e:  # reported by start()
-            self._error = e
-        finally:
-            self._ready.set()
-
-    def start(self) -> ProxyThread:
-        self._thread.start()
-        self._ready.wait(60)
-        if self._error is not None or self.server is None:
-            raise RuntimeError("proxy did not start") from self._error
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "proxy thread did not stop"
-
-    @property
-    def bootstrap_servers(self) -> str:
-        assert self.server is not None
-        return self.server.bootstrap_servers
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the proxy's loop and return its result (thread-safe)."""
-        assert self._loop is not None
-        done: asyncio.Future = asyncio.run_coroutine_threadsafe(_call(fn, *args), self._loop)  # type: ignore[assignment]
-        return done.result(30)
-
-
-async def _call(fn: Any, *args: Any) -> Any:
-    return fn(*args)
-
-
-@contextmanager
-def running_proxy(bootstrap: str, nodes: int = 3, **overrides: Any) -> Iterator[ProxyThread]:
-    proxy = ProxyThread(proxy_config(bootstrap, nodes, **overrides)).start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
-
-
-def record_key(record: Any) -> tuple:
-    """What a consumed record must equal of its ProducedRecord."""
-    return (record.partition, record.offset, record.key, record.value)
-
-
-def expected_keys(produced: list[ProducedRecord], *, read_committed: bool = False) -> list[tuple]:
-    return [(r.partition, r.offset, r.key, r.value) for r in produced if r.committed or not read_committed]
-
-
-async def consume_aiokafka(bootstrap: str, topic: str, count: int, **kwargs: Any) -> list[Any]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, **kwargs)
-    await consumer.start()
-    records: list[Any] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(records) < count and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            for batch in batches.values():
-                records.extend(batch)
-    finally:
-        await consumer.stop()
-    return records
-
-
-def consume_confluent(bootstrap: str, topic: str, count: int, **config: Any) -> list[Any]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False, **config})
-    consumer.subscribe([topic])
-    records: list[Any] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(records) < count and time.monotonic() < deadline:
-            for message in consumer.consume(500, timeout=0.5):
-                if message.error() is None:
-                    records.append(message)
-    finally:
-        consumer.close()
-    return records
-
-
-def confluent_key(message: Any) -> tuple:
-    return (message.partition(), message.offset(), message.key(), message.value())
-
-
-# --- the tests -------------------------------------------------------------------------
+from testbed.ports import LOOPBACK, free_ports
+from tests.helpers.commands import TIERPROXY
+from tests.helpers.consume import consume_aiokafka, consume_confluent
+from tests.helpers.proxy import ProxyThread, free_port_block, running_proxy
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +178,7 @@ def test_serve_command_serves_and_stops_on_sigterm(kafka_cluster, topic, tmp_pat
     config.write_text(f"bootstrap.servers={kafka_cluster.bootstrap_servers}\n"
                       f"proxy.bootstrap.port={bootstrap_port}\nproxy.broker.port.base={base}\n")
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tierproxy"), "serve", "--config", str(config),
+        [str(TIERPROXY), "serve", "--config", str(config),
          "--override", f"metrics.port={metrics_port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []

@@ -16,7 +16,6 @@ import os
 import re
 import socket
 import struct
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,42 +30,30 @@ from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.codecs import decode_response_frame, encode_request
 from tierproxy.protocol.headers import encode_request_header
 from tierproxy.protocol.requests import milliseconds
-from testbed.fixtures import DEFAULT_SEGMENT_BYTES
-from testbed.kafka import ADMIN_USER, KafkaCluster
-from testbed.ports import free_ports
+from testbed.kafka import ADMIN_USER
+from testbed.ports import LOOPBACK, free_ports
 from testbed.raw import api_versions, closed_by_peer, frame, read_frames
 from tests.helpers.batches import batch
-from tests.proxy.test_passthrough import ProxyThread, free_port_block, proxy_config
-from tests.proxy.test_workers import Served, sample, scrape
+from tests.helpers.proxy import ProxyThread, free_port_block, proxy_config
+from tests.helpers.serve import Served, sample, scrape, start_serving
 
 MIB = 1024 * 1024
 BIG = 20 * MIB
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
-LOOPBACK = "127.0.0.1"
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def sasl_cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(1, sasl_plain_users={"alice": "alice-secret"},
-                      broker_config={"log.segment.bytes": DEFAULT_SEGMENT_BYTES}) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def served(sasl_cluster, tmp_path_factory) -> Iterator[tuple[Served, int, int]]:
+def served(sasl_kafka, tmp_path_factory) -> Iterator[tuple[Served, int, int]]:
     """`tierproxy serve` (one process: its memory is the proxy's) with security.protocol
     PLAINTEXT, in front of the SASL listener."""
     bootstrap_port, metrics_port = free_ports(2)
-    settings = {"bootstrap.servers": sasl_cluster.bootstrap_servers, "proxy.listener.host": LOOPBACK,
+    settings = {"bootstrap.servers": sasl_kafka.bootstrap_servers, "proxy.listener.host": LOOPBACK,
                 "proxy.bootstrap.port": bootstrap_port, "proxy.broker.port.base": free_port_block(1),
                 "metrics.port": metrics_port, "proxy.workers": 1}
     directory = tmp_path_factory.mktemp("pre-auth")
     settings["remote.log.storage.local.dir"] = directory / "remote"
     settings["remote.log.metadata.dir"] = directory / "metadata"
-    config = directory / "proxy.properties"
-    config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-    proxy = Served([str(TIERPROXY), "serve", "--config", str(config)])
+    proxy = start_serving(settings, directory)
     try:
         proxy.wait_for("tierproxy serving on")
         yield proxy, bootstrap_port, metrics_port
@@ -112,11 +99,11 @@ def _sasl(user: str = ADMIN_USER, password: str = "admin-secret") -> dict[str, s
             "sasl.password": password}
 
 
-def test_sasl_clients_log_in_and_consume_through_the_proxy(sasl_cluster, served):
+def test_sasl_clients_log_in_and_consume_through_the_proxy(sasl_kafka, served):
     _, bootstrap_port, _ = served
     bootstrap = f"{LOOPBACK}:{bootstrap_port}"
     topic = f"logins-{uuid.uuid4().hex[:8]}"
-    sasl_cluster.create_topic(topic, partitions=2)
+    sasl_kafka.create_topic(topic, partitions=2)
     try:
         # After the login a frame may be as large as socket.request.max.bytes: a 600 KiB record.
         producer = Producer({"bootstrap.servers": bootstrap, **_sasl(), "linger.ms": 5,
@@ -143,20 +130,20 @@ def test_sasl_clients_log_in_and_consume_through_the_proxy(sasl_cluster, served)
         assert got == {b"k%d" % i: value for i, value in values.items()}
 
         # The Java console consumer, with the client properties Kafka's tools take.
-        result = sasl_cluster.java_tool(
+        result = sasl_kafka.java_tool(
             "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap,
-            "--consumer.config", str(sasl_cluster.client_properties(ADMIN_USER)), "--topic", topic,
+            "--consumer.config", str(sasl_kafka.client_properties(ADMIN_USER)), "--topic", topic,
             "--from-beginning", "--max-messages", str(len(values)), "--timeout-ms", "60000",
             "--property", "print.key=true", "--property", "print.value=false", timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
         assert sorted(line for line in result.stdout.splitlines() if line.startswith("k")) == \
             sorted(f"k{i}" for i in values)
     finally:
-        sasl_cluster.delete_topic(topic)
+        sasl_kafka.delete_topic(topic)
 
 
-def test_without_start_up_knowledge_the_first_connection_waits_for_the_proxy_to_ask(sasl_cluster, caplog):
-    config = proxy_config(sasl_cluster.bootstrap_servers, 1)
+def test_without_start_up_knowledge_the_first_connection_waits_for_the_proxy_to_ask(sasl_kafka, caplog):
+    config = proxy_config(sasl_kafka.bootstrap_servers, 1)
     with caplog.at_level(logging.INFO, logger="tierproxy.proxy"):
         proxy = ProxyThread(config, discover=False).start()
         try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,12 +33,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from testbed.ports import free_ports
-from tests.proxy.test_passthrough import free_port_block
-from tests.proxy.test_workers import Served
+from testbed.ports import LOOPBACK, free_ports
+from tests.helpers.proxy import free_port_block
+from tests.helpers.serve import Served, start_serving
 
-LOOPBACK = "127.0.0.1"
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
 PARTITIONS = 2
 pytestmark = pytest.mark.timeout(420)
 
@@ -124,14 +121,11 @@ def _read_lines(process: subprocess.Popen, arrivals: Arrivals) -> None:
 
 
 def _serve(kafka_bootstrap: str, directory: Path, *, bootstrap_port: int, node_port: int, workers: int) -> Served:
-    directory.mkdir(parents=True, exist_ok=True)
     settings = {"bootstrap.servers": kafka_bootstrap, "proxy.listener.host": LOOPBACK,
                 "proxy.bootstrap.port": bootstrap_port, "proxy.broker.port.map": f"0:{node_port}",
                 "metrics.port": free_ports(1)[0], "proxy.workers": workers,
                 "remote.log.storage.local.dir": directory / "remote", "remote.log.metadata.dir": directory / "metadata"}
-    config = directory / "proxy.properties"
-    config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-    served = Served([str(TIERPROXY), "serve", "--config", str(config)])
+    served = start_serving(settings, directory)
     served.wait_for("tierproxy serving on", workers)
     return served
 

@@ -14,7 +14,6 @@ import datetime
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -39,39 +38,17 @@ from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.config.addresses import parse_host_port
-from tierproxy.config.properties import read_properties
-from tierproxy.storage.local import LocalRemoteStorageManager
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from testbed.fixtures import SASL_USERS
 from testbed.kafka import KafkaCluster
-from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, consume_confluent, proxy_config
-from tests.proxy.tiered_helpers import (
-    TieredTopic,
-    expected_by_partition,
-    in_partition_order,
-    local_proxy_settings,
-    produce_timed,
-    record_keys,
-    tier_and_trim,
-)
+from tests.helpers.consume import consume_aiokafka, consume_confluent, expected_by_partition, in_partition_order
+from tests.helpers.consume import record_keys
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
 PARTITIONS = 2
 PER_PARTITION = 1000
-USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret", "dave": "dave-secret"}
+SPEC = TopicSpec(Timed(PER_PARTITION), partitions=PARTITIONS)
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def sasl_cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(1, sasl_plain_users=USERS) as cluster:
-        yield cluster
-
-
-def _internal_bootstrap(cluster: KafkaCluster) -> str:
-    """The PLAINTEXT inter-broker listener of node 0 (its principal is a super user):
-    tierproxy's own connections, which speak no SASL, tier and trim through it."""
-    listeners = read_properties(cluster.workdir / "node-0" / "server.properties")["listeners"]
-    (internal,) = [lst for lst in listeners.split(",") if lst.startswith("INTERNAL://")]
-    return internal.removeprefix("INTERNAL://")
 
 
 def _grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str,
@@ -83,44 +60,31 @@ def _grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: 
 
 
 @pytest.fixture(scope="module")
-def tiered(sasl_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    topic = f"secured-{uuid.uuid4().hex[:8]}"
-    sasl_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("secured")
-    records = produce_timed(sasl_cluster.client_config("admin"), topic, PARTITIONS, PER_PARTITION)
-    _grant(sasl_cluster, "alice", ResourceType.TOPIC, topic, AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_cluster, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_cluster, "carol", ResourceType.TOPIC, topic, AclOperation.DESCRIBE)
-    _grant(sasl_cluster, "carol", ResourceType.GROUP, "*", AclOperation.READ)
-
-    async def build() -> TieredTopic:
-        async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(_internal_bootstrap(sasl_cluster), topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work")
-
-    data = asyncio.run(build())
+def tiered(sasl_kafka, own_tiered_topics) -> TieredTopic:
+    """Tiered through the cluster's PLAINTEXT inter-broker listener; the tests change its ACLs."""
+    data = own_tiered_topics(SPEC, sasl_kafka)
+    _grant(sasl_kafka, "alice", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "carol", ResourceType.TOPIC, data.topic, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
     assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
-    yield data, root
-    sasl_cluster.delete_topic(topic)
+    return data
 
 
 @pytest.fixture(scope="module")
-def proxy(sasl_cluster, tiered) -> Iterator[ProxyThread]:
-    _, root = tiered
-    proxy = ProxyThread(proxy_config(sasl_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(root))).start()
-    yield proxy
-    proxy.stop()
+def proxy(tiered) -> Iterator[ProxyThread]:
+    with tiered.proxy() as proxy:
+        yield proxy
 
 
 def _aiokafka_sasl(user: str) -> dict[str, str]:
     return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": user,
-            "sasl_plain_password": USERS[user]}
+            "sasl_plain_password": SASL_USERS[user]}
 
 
 def _confluent_sasl(proxy: ProxyThread, user: str) -> dict[str, str]:
     return {"bootstrap.servers": proxy.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": USERS[user]}
+            "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": SASL_USERS[user]}
 
 
 def _remote_reads(proxy: ProxyThread, topic: str) -> float:
@@ -128,11 +92,11 @@ def _remote_reads(proxy: ProxyThread, topic: str) -> float:
 
 
 async def test_alice_reads_remote_and_local(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     consumed = await consume_aiokafka(proxy.bootstrap_servers, data.topic, len(data.records),
                                       **_aiokafka_sasl("alice"))
     assert in_partition_order(record_keys(sorted(consumed, key=lambda r: (r.partition, r.offset)))) == \
-        expected_by_partition(data)
+        expected_by_partition(data.records)
     assert _remote_reads(proxy, data.topic) > 0
     # librdkafka, in a consumer group (alice may read groups).
     messages = await asyncio.to_thread(consume_confluent, proxy.bootstrap_servers, data.topic, len(data.records),
@@ -145,7 +109,7 @@ async def test_alice_reads_remote_and_local(proxy, tiered):
 @pytest.mark.parametrize("user", ["carol", "bob"])
 async def test_without_read_aiokafka_gets_topic_authorization_failed(proxy, tiered, user):
     """carol's Fetch is refused by the broker; bob does not even see the topic's metadata."""
-    data, _ = tiered
+    data = tiered
     before = _remote_reads(proxy, data.topic)
     consumer = AIOKafkaConsumer(data.topic, bootstrap_servers=proxy.bootstrap_servers, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **_aiokafka_sasl(user))
@@ -183,7 +147,7 @@ def _confluent_errors(proxy: ProxyThread, user: str, topic: str) -> tuple[list, 
 
 def test_describe_only_confluent_gets_topic_authorization_failed(proxy, tiered):
     """(librdkafka as bob stops at GROUP_AUTHORIZATION_FAILED before any Fetch.)"""
-    data, _ = tiered
+    data = tiered
     before = _remote_reads(proxy, data.topic)
     messages, errors = _confluent_errors(proxy, "carol", data.topic)
     assert messages == []
@@ -195,7 +159,7 @@ async def _authenticated(address: str, user: str) -> KafkaConnection:
     conn = await KafkaConnection.open(*parse_host_port(address))
     handshake = await conn.request(SaslHandshakeRequest(mechanism="PLAIN"))
     assert handshake.error_code == ErrorCode.none, handshake
-    answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{USERS[user]}".encode()))
+    answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{SASL_USERS[user]}".encode()))
     assert answer.error_code == ErrorCode.none, answer
     return conn
 
@@ -212,7 +176,7 @@ async def test_raw_fetch_of_a_remote_offset_per_principal(proxy, tiered):
     """The same Fetch of offset 0 (remote only), on connections authenticated as alice and
     as carol: remote bytes for alice, TOPIC_AUTHORIZATION_FAILED and no bytes for carol,
     also when asked again after alice's connection proved the offset remote."""
-    data, _ = tiered
+    data = tiered
     for user in ("carol", "alice", "carol"):
         conn = await _authenticated(proxy.bootstrap_servers, user)
         try:
@@ -232,7 +196,7 @@ async def test_raw_fetch_of_a_remote_offset_per_principal(proxy, tiered):
 
 async def test_list_offsets_of_the_remote_part_is_the_brokers_to_refuse(proxy, tiered):
     """ListOffsets needs DESCRIBE: carol gets the remote answers, bob the broker's refusal."""
-    data, _ = tiered
+    data = tiered
     first_remote = data.of(0)[0]
     specs = {OffsetSpec.EARLIEST: 0, OffsetSpec.LATEST_TIERED_TIMESTAMP: data.boundary[0] - 1,
              first_remote.timestamp_ms: first_remote.offset}
@@ -254,14 +218,14 @@ async def test_list_offsets_of_the_remote_part_is_the_brokers_to_refuse(proxy, t
             await conn.close()
 
 
-async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_cluster, proxy, tiered):
+async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_kafka, proxy, tiered):
     """dave's connection proved offset 0 remote; then his READ is revoked (DESCRIBE stays).
     Once the broker refuses him, the proxy must not keep serving him remote bytes on the
     connection it proved earlier."""
-    data, _ = tiered
-    _grant(sasl_cluster, "dave", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    data = tiered
+    _grant(sasl_kafka, "dave", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
     proxied = await _authenticated(proxy.bootstrap_servers, "dave")
-    direct = await _authenticated(sasl_cluster.bootstrap_servers, "dave")
+    direct = await _authenticated(sasl_kafka.bootstrap_servers, "dave")
     try:
         async def error_of(conn: KafkaConnection) -> int:
             (answer,) = (await conn.request(_fetch_at(data.topic, 0))).responses[0].partitions
@@ -276,7 +240,7 @@ async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_cl
         assert await error_of(proxied) == ErrorCode.none  # proven: may skip the broker now
         revoke = AclBindingFilter(ResourceType.TOPIC, data.topic, ResourcePatternType.LITERAL, "User:dave", "*",
                                   AclOperation.READ, AclPermissionType.ALLOW)
-        for future in sasl_cluster.admin().delete_acls([revoke], request_timeout=30).values():
+        for future in sasl_kafka.admin().delete_acls([revoke], request_timeout=30).values():
             future.result(30)
         while await error_of(direct) != ErrorCode.topic_authorization_failed:
             assert time.monotonic() < deadline, "the revocation never applied"

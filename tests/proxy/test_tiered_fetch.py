@@ -6,122 +6,26 @@ both sides of the remote/local boundary, including a transaction split by it."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from confluent_kafka import Producer
 
-from tierproxy.client.cluster import Cluster
-from tierproxy.protocol.records import iter_batches
 from tierproxy.client.connection import KafkaConnection
-from tierproxy.storage.local import LocalRemoteStorageManager
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tierproxy.storage.model import TopicIdPartition
-from tests.helpers.produce import ProducedRecord, produce_codecs, produce_mixed, wait_for_markers
-from tests.proxy.tiered_helpers import local_proxy_settings
-from tests.helpers.remote_tier import fetch_raw_log, latest_offset, tier_log, topic_id_of
-from tests.proxy.test_passthrough import (
-    ProxyThread,
-    confluent_key,
-    consume_aiokafka,
-    consume_confluent,
-    expected_keys,
-    running_proxy,
-    record_key,
-)
+from tests.helpers.consume import confluent_key, console_consumer_read_committed, consume_aiokafka, consume_confluent
+from tests.helpers.consume import expected_keys, kcat_read_committed, printed_keys, record_key
+from tests.helpers.fixtures import proxy_fixture, tiered_fixture
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Mixed, TieredTopic, TopicSpec
 
 PARTITIONS = 3
+# The first ~60% of each partition remote only, the broker trimmed; partition 0's boundary
+# falls between the two batches of an aborted transaction.
+SPEC = TopicSpec(Mixed(per_codec=1500, per_transaction=150, split_abort=True, then_per_codec=300),
+                 partitions=PARTITIONS, segment_bytes=48 * 1024)
 pytestmark = pytest.mark.timeout(300)
 
 
-class Tiered:
-    def __init__(self, topic: str, records: list[ProducedRecord], boundary: dict[int, int], root: Path) -> None:
-        self.topic = topic
-        self.records = records
-        self.boundary = boundary  # partition -> the broker's new local log start
-        self.root = root
-
-
-def _split_aborted_transaction(bootstrap: str, topic: str) -> list[ProducedRecord]:
-    """An aborted transaction on partition 0 in two batches (flushed apart), so that the
-    remote/local boundary can fall between them."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"split-{topic}", "linger.ms": 0})
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    records: list[ProducedRecord] = []
-
-    def delivered(err, msg):
-        assert err is None, err
-        records.append(ProducedRecord(0, msg.offset(), msg.key(), msg.value(), (), msg.timestamp()[1], False,
-                                      "split-abort"))
-
-    for half in range(2):
-        for i in range(5):
-            key = f"split-{half}-{i}".encode()
-            producer.produce(topic, key=key, value=key * 3, partition=0, on_delivery=delivered)
-        producer.flush(30)
-    producer.abort_transaction(30)
-    return records
-
-
-@pytest.fixture(scope="module")
-def tiered(kafka_cluster, tmp_path_factory) -> Iterator[Tiered]:
-    """A topic whose first ~60% (per partition) is remote only, the broker trimmed."""
-    topic = f"tiered-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    bootstrap = kafka_cluster.bootstrap_servers
-    root = tmp_path_factory.mktemp("remote")
-
-    async def build() -> Tiered:
-        records = await produce_mixed(bootstrap, topic, PARTITIONS, per_codec=1500, per_transaction=150)
-        split = await asyncio.to_thread(_split_aborted_transaction, bootstrap, topic)
-        records += split
-        records += await produce_codecs(bootstrap, topic, PARTITIONS, 300)
-        await wait_for_markers(bootstrap, topic, PARTITIONS)
-        records.sort(key=lambda r: (r.partition, r.offset))
-        host, port = kafka_cluster.brokers[0][1:]
-        boundary = {}
-        async with await KafkaConnection.open(host, port) as conn:
-            topic_id = await topic_id_of(conn, topic)
-            rsm = LocalRemoteStorageManager(root / "remote")
-            rlmm = FileRemoteLogMetadataManager(root / "metadata")
-            await rlmm.start()
-            try:
-                for partition in range(PARTITIONS):
-                    end = await latest_offset(conn, topic, partition)
-                    log = await fetch_raw_log(conn, topic, partition, 0, end)
-                    batches = list(iter_batches(log))
-                    if partition == 0:
-                        # Between the two halves of the split aborted transaction.
-                        second_half = sorted(r.offset for r in split)[5]
-                        cut = next(b for b in batches if b.base_offset >= second_half)
-                    else:
-                        cut = next(b for b in batches if b.base_offset >= end * 6 // 10)
-                    boundary[partition] = cut.base_offset
-                    await tier_log(log[: cut.position], TopicIdPartition(topic_id, topic, partition), rsm=rsm,
-                                   rlmm=rlmm, work_dir=root / "work", segment_bytes=48 * 1024)
-            finally:
-                await rlmm.close()
-                await rsm.close()
-        async with Cluster([bootstrap]) as cluster:
-            topics = await cluster.topics([topic])
-            trimmed = await cluster.delete_records(topics, {(topic, p): o for p, o in boundary.items()})
-            assert trimmed == {(topic, p): o for p, o in boundary.items()}
-        return Tiered(topic, records, boundary, root)
-
-    yield asyncio.run(build())
-    kafka_cluster.delete_topic(topic)
-
-
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, tiered) -> Iterator[ProxyThread]:
-    with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_proxy_settings(tiered.root),
-                       **{"remote.log.chunk.size.bytes": 64 * 1024}) as proxy:
-        yield proxy
+tiered = tiered_fixture(SPEC)
+proxy = proxy_fixture(**{"remote.log.chunk.size.bytes": 64 * 1024})
 
 
 def test_the_broker_no_longer_has_the_remote_part(kafka_cluster, tiered):
@@ -163,36 +67,17 @@ def test_confluent_kafka_both_isolation_levels(proxy, tiered):
 
 
 def test_kcat_reads_every_committed_record(proxy, tiered):
-    committed = expected_keys(tiered.records, read_committed=True)
-    result = subprocess.run(
-        ["kcat", "-b", proxy.bootstrap_servers, "-C", "-t", tiered.topic, "-o", "beginning", "-e", "-q",
-         "-X", "isolation.level=read_committed", "-f", "%p %o %k\\n"],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = sorted((int(p), int(o), k) for p, o, k in (line.split(" ") for line in result.stdout.splitlines() if line))
-    assert lines == sorted((p, o, k.decode()) for p, o, k, _ in committed)
+    committed = printed_keys(r for r in tiered.records if r.committed)
+    assert kcat_read_committed(proxy.bootstrap_servers, tiered.topic, timeout=120) == committed
 
 
 def test_java_console_consumer_reads_every_committed_record(kafka_cluster, proxy, tiered):
-    committed = expected_keys(tiered.records, read_committed=True)
-    result = kafka_cluster.java_tool(
-        "org.apache.kafka.tools.consumer.ConsoleConsumer",
-        "--bootstrap-server", proxy.bootstrap_servers, "--topic", tiered.topic, "--from-beginning",
-        "--max-messages", str(len(committed)), "--timeout-ms", "30000",
-        "--isolation-level", "read_committed",
-        "--property", "print.key=true", "--property", "print.value=false",
-        "--property", "print.partition=true", "--property", "print.offset=true",
-        timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    got = []
-    for line in result.stdout.splitlines():
-        if line.startswith("Partition:"):
-            partition, offset, key = line.split("\t")[:3]
-            got.append((int(partition.split(":")[1]), int(offset.split(":")[1]), key))
-    assert sorted(got) == sorted((p, o, k.decode()) for p, o, k, _ in committed)
+    committed = printed_keys(r for r in tiered.records if r.committed)
+    assert console_consumer_read_committed(kafka_cluster, proxy.bootstrap_servers, tiered.topic, len(committed),
+                                           timeout=120) == committed
 
 
-async def _timed_fetches(proxy: ProxyThread, tiered: Tiered, count: int, *, max_wait_ms: int,
+async def _timed_fetches(proxy: ProxyThread, tiered: TieredTopic, count: int, *, max_wait_ms: int,
                          min_bytes: int) -> list[tuple[float, int]]:
     """Fetch partition 0 from offset 0 (remote) and partition 1 at its end (nothing new)
     `count` times in a row: (seconds, remote bytes answered) of each."""

@@ -1,6 +1,6 @@
 """The remote reader's limits under load, against a slow store, and the metrics endpoint.
 
-The proxy reads S3 (moto) through a loopback relay that holds every request for a
+The proxy reads S3 (moto) through a loopback relay that holds back every answer for a
 while, as an object store's first-byte latency would. One remote log reader, one
 waiting place: six consumers replaying six remote partitions at once overflow it, and
 the partitions that do not fit get an immediate error (never a wait in an unbounded
@@ -11,148 +11,50 @@ error. The consumers retry and every one of them still gets all its records.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import start_http_server
 
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from testbed.latency import LatencyRelay
 from testbed.ports import LOOPBACK, free_port
-from testbed.s3 import S3Server
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
-from tests.proxy.tiered_helpers import (
-    TieredTopic,
-    expected_by_partition,
-    produce_timed,
-    record_keys,
-    s3_proxy_settings,
-    s3_storage,
-    tier_and_trim,
-)
+from tests.helpers.consume import expected_by_partition, record_keys
+from tests.helpers.fixtures import tiered_fixture
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Timed, TopicSpec
 
 PARTITIONS = 6
 PER_PARTITION = 600
-STORE_DELAY_S = 0.15  # per request to the store
+STORE_DELAY_MS = 150  # per request to the store
 FETCH_MAX_WAIT_MS = 250  # shorter than a read that misses the caches (manifest, index, chunk)
-PREFIX = "limits"
+SPEC = TopicSpec(Timed(PER_PARTITION), partitions=PARTITIONS, store="s3")
 pytestmark = [pytest.mark.timeout(240), pytest.mark.s3]
 
 
-class DelayRelay:
-    """A TCP relay on loopback, in a thread of its own: every chunk of bytes a client
-    sends reaches the upstream `delay_s` later. Answers flow back at once."""
-
-    def __init__(self, upstream_port: int, delay_s: float) -> None:
-        self.upstream_port = upstream_port
-        self.delay_s = delay_s
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="delay-relay", daemon=True)
-
-    def start(self) -> DelayRelay:
-        self._thread.start()
-        assert self._ready.wait(10), "relay did not start"
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._relay, LOOPBACK, 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        async with server:
-            await self._stop.wait()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(self._pump(reader, up_writer, self.delay_s), self._pump(up_reader, writer, 0.0))
-
-    @staticmethod
-    async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, delay_s: float) -> None:
-        try:
-            while data := await source.read(65536):
-                if delay_s:
-                    await asyncio.sleep(delay_s)
-                sink.write(data)
-                await sink.drain()
-        except OSError:
-            pass
-        finally:
-            sink.close()
+tiered = tiered_fixture(SPEC, s3="s3_server")
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server(bucket="tierproxy-limits")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
+def slow_s3(s3_server, tmp_path_factory) -> Iterator[LatencyRelay]:
+    with LatencyRelay(s3_server.endpoint_url, STORE_DELAY_MS, tmp_path_factory.mktemp("slow-s3")) as relay:
+        yield relay
 
 
 @pytest.fixture(scope="module")
-def slow_s3(s3) -> Iterator[DelayRelay]:
-    relay = DelayRelay(s3.port, STORE_DELAY_S).start()
-    yield relay
-    relay.stop()
-
-
-@pytest.fixture(scope="module")
-def tiered(kafka_cluster, s3, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    topic = f"limits-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("limits")
-    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION)
-
-    async def build() -> TieredTopic:
-        async with s3_storage(s3, PREFIX) as rsm, FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work", segment_bytes=32 * 1024)
-
-    data = asyncio.run(build())
-    assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
-    yield data, root
-    kafka_cluster.delete_topic(topic)
-
-
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, s3, slow_s3, tiered) -> Iterator[ProxyThread]:
-    _, root = tiered
-    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
-        **s3_proxy_settings(slow_s3.endpoint_url, s3, PREFIX),
-        "remote.log.metadata.dir": root / "metadata",
+def proxy(tiered, slow_s3) -> Iterator[ProxyThread]:
+    with tiered.proxy(**{
+        "remote.log.storage.s3.endpoint.url": slow_s3.endpoint_url,
         "remote.log.reader.threads": 1,
         "remote.log.reader.max.pending.tasks": 1,
         "remote.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
         "remote.log.chunk.size.bytes": 16 * 1024,
         "remote.log.read.ahead.chunks": 1,
         "metrics.port": free_port(),
-    })
-    proxy = ProxyThread(config).start()
-    yield proxy
-    proxy.stop()
+    }) as proxy:
+        yield proxy
 
 
 async def _replay(bootstrap: str, topic: str, partition: int, count: int, deadline: float) -> list[tuple]:
@@ -172,8 +74,8 @@ async def _replay(bootstrap: str, topic: str, partition: int, count: int, deadli
 
 
 async def test_a_full_reader_queue_is_an_error_not_a_wait_and_everyone_finishes(proxy, tiered):
-    data, _ = tiered
-    expected = expected_by_partition(data)
+    data = tiered
+    expected = expected_by_partition(data.records)
     deadline = time.monotonic() + 150
     results = await asyncio.gather(*(
         _replay(proxy.bootstrap_servers, data.topic, p, PER_PARTITION, deadline) for p in range(PARTITIONS)))
@@ -190,7 +92,7 @@ async def test_a_full_reader_queue_is_an_error_not_a_wait_and_everyone_finishes(
 
 
 def test_metrics_endpoint_lists_the_remote_metrics(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     # ProxyThread runs the server alone; `tierproxy serve` adds this endpoint on metrics.port.
     port = proxy.config["metrics.port"]
     http, _ = start_http_server(port, addr=LOOPBACK, registry=proxy.metrics.registry)

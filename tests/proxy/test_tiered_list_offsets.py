@@ -6,11 +6,7 @@ ListOffsets requests of several versions."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -24,51 +20,30 @@ from kio.static.primitive import i8, i32, i64
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.config.addresses import parse_host_port
-from tierproxy.storage.local import LocalRemoteStorageManager
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
-from tests.proxy.tiered_helpers import TieredTopic, local_proxy_settings, produce_timed, tier_and_trim
+from tests.helpers.fixtures import proxy_fixture
+from tests.helpers.tiered import TieredTopic, TWO_TIMED_PARTITIONS
 
-PARTITIONS = 2
-PER_PARTITION = 1500
-# Partition 1 gets one record early in its remote part with a timestamp beyond every
-# other: its MAX_TIMESTAMP answer must come from the remote tier.
-OUTLIER = (1, 100)
-OUTLIER_SHIFT_MS = 30 * 60 * 1000
+PARTITIONS = TWO_TIMED_PARTITIONS.partitions
+PER_PARTITION = TWO_TIMED_PARTITIONS.produce.per_partition
+# Partition 1 has one record early in its remote part with a timestamp beyond every other:
+# its MAX_TIMESTAMP answer must come from the remote tier.
+((_, _, OUTLIER_SHIFT_MS),) = TWO_TIMED_PARTITIONS.produce.outliers
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def tiered(kafka_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    topic = f"offsets-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("offsets")
-    base = int(time.time() * 1000)
-    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION, base_timestamp_ms=base,
-                            timestamps={OUTLIER: base + OUTLIER_SHIFT_MS})
-
-    async def build() -> TieredTopic:
-        async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work")
-
-    data = asyncio.run(build())
+def tiered(kafka_cluster, tiered_topics) -> TieredTopic:
+    data = tiered_topics(TWO_TIMED_PARTITIONS, kafka_cluster)
     assert all(0 < data.boundary[p] < PER_PARTITION for p in range(PARTITIONS))
     # Timestamps grow with the offset (but for the outlier), the premise of the answers below.
+    base = data.of(0)[0].timestamp_ms
     for partition in range(PARTITIONS):
         times = [r.timestamp_ms for r in data.of(partition) if r.timestamp_ms < base + OUTLIER_SHIFT_MS]
         assert times == sorted(times)
-    yield data, root
-    kafka_cluster.delete_topic(topic)
+    return data
 
 
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, tiered) -> Iterator[ProxyThread]:
-    proxy = ProxyThread(proxy_config(kafka_cluster.bootstrap_servers, nodes=1,
-                                     **local_proxy_settings(tiered[1]))).start()
-    yield proxy
-    proxy.stop()
+proxy = proxy_fixture()
 
 
 def _first_at_or_after(records, timestamp):
@@ -76,7 +51,7 @@ def _first_at_or_after(records, timestamp):
 
 
 async def test_aiokafka_offsets(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -99,7 +74,7 @@ async def test_aiokafka_offsets(proxy, tiered):
 
 
 def test_confluent_offsets(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:8]}"})
     try:
         for partition in range(PARTITIONS):
@@ -129,7 +104,7 @@ def _get_offset_shell(kafka_cluster, bootstrap: str, topic: str, time_spec: str)
 
 @pytest.mark.parametrize("spec", ["-2", "-1", "-4", "-5"])
 def test_get_offset_shell(kafka_cluster, proxy, tiered, spec):
-    data, _ = tiered
+    data = tiered
     expected = {
         "-2": {p: 0 for p in range(PARTITIONS)},
         "-1": {p: PER_PARTITION for p in range(PARTITIONS)},
@@ -146,7 +121,7 @@ def _request(module, topic: str, specs: dict[int, int]):
 
 
 async def test_raw_list_offsets_versions(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     async with await KafkaConnection.open(*parse_host_port(proxy.bootstrap_servers)) as conn:
         # v8 knows -4 but not -5: that partition alone gets UNSUPPORTED_VERSION.
         response = await conn.request(_request(v8, data.topic, {0: OffsetSpec.LATEST_TIERED_TIMESTAMP,
@@ -174,8 +149,3 @@ async def test_raw_list_offsets_versions(proxy, tiered):
         outlier = next(r for r in data.of(1) if r.timestamp_ms == max(r.timestamp_ms for r in data.of(1)))
         assert outlier.offset < data.boundary[1]  # in the remote part
         assert (answers[1].offset, answers[1].timestamp) == (outlier.offset, outlier.timestamp_ms)
-
-
-
-
-

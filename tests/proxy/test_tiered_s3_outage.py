@@ -17,86 +17,46 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import KafkaError
 
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from testbed.s3 import S3Server
-from tests.proxy.test_passthrough import ProxyThread, consume_aiokafka, proxy_config
-from tests.proxy.tiered_helpers import (
-    TieredTopic,
-    consume_confluent_assigned,
-    expected_by_partition,
-    in_partition_order,
-    produce_timed,
-    record_keys,
-    s3_proxy_settings,
-    s3_storage,
-    tier_and_trim,
-    upload_again,
-    wait_until,
-)
+from tests.helpers.consume import consume_aiokafka, consume_confluent_assigned, expected_by_partition
+from tests.helpers.consume import in_partition_order, record_keys
+from tests.helpers.fixtures import proxy_fixture, tiered_fixture
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Timed, TopicSpec, upload_again
+from tests.helpers.wait import wait_until
 
 PARTITIONS = 3
 PER_PARTITION = 1500
 TIERED = (0, 1)
 LOCAL_ONLY = 2
-PREFIX = "outage"
+SPEC = TopicSpec(Timed(PER_PARTITION), partitions=PARTITIONS, tier=TIERED, store="s3")
 pytestmark = [pytest.mark.timeout(240), pytest.mark.s3]
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = S3Server(bucket="tierproxy-outage")
-    server.start()
-    try:
+    with S3Server(bucket="tierproxy-outage") as server:
         yield server
-    finally:
-        server.close()
 
 
-@pytest.fixture(scope="module")
-def tiered(kafka_cluster, s3, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    topic = f"outage-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("outage")
-    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION)
-
-    async def build() -> TieredTopic:
-        async with s3_storage(s3, PREFIX) as rsm, FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work", partitions=TIERED, segment_bytes=32 * 1024)
-
-    data = asyncio.run(build())
-    assert data.boundary[LOCAL_ONLY] == 0 and all(data.boundary[p] > 0 for p in TIERED)
-    yield data, root
-    kafka_cluster.delete_topic(topic)
-
-
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, s3, tiered) -> Iterator[ProxyThread]:
-    _, root = tiered
-    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
-        **s3_proxy_settings(s3.endpoint_url, s3, PREFIX),
-        "remote.log.metadata.dir": root / "metadata",
-        # An outage must show fast: two attempts with small backoffs, short requests.
-        "remote.log.manager.task.retry.backoff.ms": 50,
-        "remote.log.manager.task.retry.backoff.max.ms": 200,
-        "remote.log.storage.s3.max.attempts": 2,
-        "remote.log.storage.s3.request.timeout.ms": 2000,
-        # Small chunks and a small chunk cache: the remote part cannot hide in memory.
-        "remote.log.chunk.size.bytes": 16 * 1024,
-        "remote.log.chunk.cache.size.bytes": 64 * 1024,
-        "remote.log.read.ahead.chunks": 1,
-    })
-    proxy = ProxyThread(config).start()
-    yield proxy
-    proxy.stop()
+tiered = tiered_fixture(SPEC, s3="s3", own=True)  # the module stops its S3 server
+proxy = proxy_fixture(**{
+    # An outage must show fast: two attempts with small backoffs, short requests.
+    "remote.log.manager.task.retry.backoff.ms": 50,
+    "remote.log.manager.task.retry.backoff.max.ms": 200,
+    "remote.log.storage.s3.max.attempts": 2,
+    "remote.log.storage.s3.request.timeout.ms": 2000,
+    # Small chunks and a small chunk cache: the remote part cannot hide in memory.
+    "remote.log.chunk.size.bytes": 16 * 1024,
+    "remote.log.chunk.cache.size.bytes": 64 * 1024,
+    "remote.log.read.ahead.chunks": 1,
+})
 
 
 def _not_available(proxy: ProxyThread, topic: str) -> float:
@@ -106,17 +66,17 @@ def _not_available(proxy: ProxyThread, topic: str) -> float:
 
 
 async def test_a_full_read_from_s3_equals_what_was_produced(proxy, tiered):
-    data, _ = tiered
+    data = tiered
     consumed = await consume_aiokafka(proxy.bootstrap_servers, data.topic, len(data.records),
                                       max_partition_fetch_bytes=64 * 1024)
-    assert in_partition_order(record_keys(consumed)) == expected_by_partition(data)
+    assert in_partition_order(record_keys(consumed)) == expected_by_partition(data.records)
     assert proxy.metrics.value("tierproxy_remote_bytes_in_total", {"topic": data.topic}) > 0
     assert _not_available(proxy, data.topic) == 0
 
 
 async def test_outage_local_flows_remote_resumes_after_s3_returns(proxy, tiered, s3, caplog):
-    data, _ = tiered
-    expected = expected_by_partition(data)
+    data = tiered
+    expected = expected_by_partition(data.records)
     caplog.set_level(logging.WARNING, logger="tierproxy")
     consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap_servers, enable_auto_commit=False,
                                 auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024)
@@ -165,7 +125,7 @@ async def test_outage_local_flows_remote_resumes_after_s3_returns(proxy, tiered,
 
         # S3 is back, empty: upload the same segments again; both consumers finish.
         s3.start(create_bucket=True)
-        async with s3_storage(s3, PREFIX) as rsm:
+        async with data.storage() as rsm:
             await upload_again(rsm, data.copies)
         deadline = time.monotonic() + 90
         while len(consumed) < len(data.records) and time.monotonic() < deadline:
@@ -202,13 +162,9 @@ def _sum(proxy: ProxyThread, name: str, topic: str | None = None, **labels: str)
 
 
 async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetch_wait(kafka_cluster, s3, tiered):
-    data, root = tiered
-    config = proxy_config(kafka_cluster.bootstrap_servers, nodes=1, **{
-        **s3_proxy_settings(s3.endpoint_url, s3, PREFIX),
-        "remote.log.metadata.dir": root / "metadata",
-        "remote.log.chunk.size.bytes": 16 * 1024,
-        "remote.log.chunk.cache.size.bytes": 64 * 1024,
-    })
+    data = tiered
+    config = data.proxy_config(**{"remote.log.chunk.size.bytes": 16 * 1024,
+                                  "remote.log.chunk.cache.size.bytes": 64 * 1024})
     assert config["remote.log.storage.s3.max.attempts"] == 5 and config["remote.fetch.max.wait.ms"] == 500
     proxy = ProxyThread(config).start()
     errors: list[KafkaError] = []
@@ -241,7 +197,7 @@ async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetc
         assert _sum(proxy, "tierproxy_partition_errors_total", api="FETCH", error="UNKNOWN_SERVER_ERROR") == during
 
         s3.start(create_bucket=True)
-        async with s3_storage(s3, PREFIX) as rsm:
+        async with data.storage() as rsm:
             await upload_again(rsm, data.copies)
         await asyncio.to_thread(consumer.join, 120)
         after = _not_available(proxy, data.topic)
@@ -259,5 +215,5 @@ async def test_with_default_retries_an_outage_reaches_the_client_within_one_fetc
             s3.start(create_bucket=True)
         proxy.stop()
     (consumed,) = out
-    expected = expected_by_partition(data)
+    expected = expected_by_partition(data.records)
     assert in_partition_order(consumed) == {p: expected[p] for p in TIERED}

@@ -17,8 +17,9 @@ from confluent_kafka import Producer
 from tierproxy.client.cluster import Cluster
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tests.proxy.test_passthrough import ProxyThread, proxy_config
-from tests.proxy.tiered_helpers import local_proxy_settings, produce_timed, tier_and_trim
+from tests.helpers.produce import produce_timed
+from tests.helpers.proxy import running_proxy
+from tests.helpers.tiered import local_store, tier_and_trim
 
 PER_PARTITION = 1500
 TARGETS = 60
@@ -76,12 +77,8 @@ def test_timestamp_lookups_in_remote_batches_equal_the_brokers(kafka_cluster, tm
         remote = [answer for answer in expected if 0 <= answer[0] < boundary]
         assert len(remote) >= TARGETS // 3, (boundary, expected)  # most targets fall in the remote part
 
-        proxy = ProxyThread(proxy_config(kafka_cluster.bootstrap_servers, nodes=1,
-                                         **local_proxy_settings(tmp_path))).start()
-        try:
+        with running_proxy(kafka_cluster.bootstrap_servers, nodes=1, **local_store(tmp_path)) as proxy:
             through_proxy = asyncio.run(_answers(proxy.bootstrap_servers, topic, targets))
-        finally:
-            proxy.stop()
         wrong = [(t, want, got) for t, want, got in zip(targets, expected, through_proxy) if want != got]
         print(f"{codec}: {len(wrong)} of {len(targets)} lookups differ from the broker's "
               f"({len(remote)} answered from the remote tier)")

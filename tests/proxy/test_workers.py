@@ -5,41 +5,32 @@ workers, and the workers never outlive their supervisor."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tierproxy.config import load
 from tierproxy.proxy.workers import shares
-from tierproxy.storage.local import LocalRemoteStorageManager
-from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from testbed.ports import free_ports
-from tests.proxy.test_passthrough import free_port_block
-from tests.proxy.tiered_helpers import (
-    TieredTopic,
-    consume_confluent_assigned,
-    expected_by_partition,
-    in_partition_order,
-    local_proxy_settings,
-    produce_timed,
-    tier_and_trim,
-)
+from testbed.ports import LOOPBACK, free_ports
+from tests.helpers.consume import consume_confluent_assigned, expected_by_partition, in_partition_order
+from tests.helpers.fixtures import tiered_fixture
+from tests.helpers.proxy import free_port_block
+from tests.helpers.serve import Served, sample, scrape, start_serving
+from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
 PARTITIONS = 4
 PER_PARTITION = 2500
-LOOPBACK = "127.0.0.1"
-TIERPROXY = Path(sys.executable).parent / "tierproxy"
+# 1 KB records, the first 90% of each partition remote only.
+SPEC = TopicSpec(Timed(PER_PARTITION, value_size=1000), partitions=PARTITIONS, fraction=0.9,
+                 segment_bytes=256 * 1024)
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -64,82 +55,26 @@ def test_shares_divide_every_bound_and_keep_the_totals():
     assert shares(quota, 4)["remote.log.manager.fetch.max.bytes.per.second"] == "250000"
 
 
-@pytest.fixture(scope="module")
-def tiered(kafka_cluster, tmp_path_factory) -> Iterator[tuple[TieredTopic, Path]]:
-    """Four partitions of 1 KB records, the first 90% of each remote only."""
-    topic = f"workers-{os.urandom(4).hex()}"
-    kafka_cluster.create_topic(topic, partitions=PARTITIONS)
-    root = tmp_path_factory.mktemp("workers")
-    records = produce_timed(kafka_cluster.client_config(), topic, PARTITIONS, PER_PARTITION, value_size=1000)
-
-    async def build() -> TieredTopic:
-        async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-            return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
-                                       work_dir=root / "work", fraction=0.9, segment_bytes=256 * 1024)
-
-    yield asyncio.run(build()), root
-    kafka_cluster.delete_topic(topic)
+tiered = tiered_fixture(SPEC)
 
 
-class Served:
-    """A `tierproxy serve` subprocess and its output, read on a thread."""
-
-    def __init__(self, command: list[str]) -> None:
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, count: int = 1, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(re.findall(pattern, self.output)) < count:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"no {count} x {pattern!r} from tierproxy serve:\n{self.output}")
-            time.sleep(0.1)
-
-    def workers(self) -> set[int]:
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return {int(pid) for pid in children.read_text().split()} if children.exists() else set()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(10)
-        return self.process.returncode
-
-
-def serve(tiered_root: Path, tmp_path: Path, workers: int, **extra: object) -> tuple[Served, int, int]:
+def serve(tiered: TieredTopic, tmp_path: Path, workers: int, **extra: object) -> tuple[Served, int, int]:
+    """`tierproxy serve` with `workers` in front of the tiered topic's cluster and store."""
+    assert tiered.cluster is not None
     bootstrap_port, metrics_port = free_ports(2)
     base = free_port_block(1)
     settings = {
-        "bootstrap.servers": extra.pop("bootstrap"),
+        "bootstrap.servers": tiered.cluster.bootstrap_servers,
         "proxy.bootstrap.port": bootstrap_port,
         "proxy.broker.port.base": base,
         "metrics.port": metrics_port,
         "proxy.workers": workers,
         "remote.log.chunk.size.bytes": 64 * 1024,
         "remote.log.index.cache.dir": tmp_path / "index-cache",
-        **local_proxy_settings(tiered_root),
+        **tiered.store,
         **extra,
     }
-    config = tmp_path / "proxy.properties"
-    config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-    return Served([str(TIERPROXY), "serve", "--config", str(config)]), bootstrap_port, metrics_port
+    return start_serving(settings, tmp_path), bootstrap_port, metrics_port
 
 
 def established_on(pid: int, port: int) -> int:
@@ -160,15 +95,6 @@ def established_on(pid: int, port: int) -> int:
             if local_port == port and fields[3] == "01" and fields[9] in inodes:
                 count += 1
     return count
-
-
-def scrape(metrics_port: int) -> str:
-    with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=10) as response:
-        return response.read().decode()
-
-
-def sample(exposition: str, name: str) -> float:
-    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
 
 
 SERVING = r"worker-\d tierproxy: tierproxy serving on"
@@ -200,14 +126,14 @@ def kill_the_fetching_worker(served: Served, metrics_port: int, node_port: int, 
     return victim, fetched
 
 
-def test_a_worker_killed_mid_replay_loses_nothing(kafka_cluster, tiered, tmp_path):
-    data, root = tiered
-    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+def test_a_worker_killed_mid_replay_loses_nothing(tiered, tmp_path):
+    data = tiered
+    served, bootstrap_port, metrics_port = serve(data, tmp_path, 2)
     try:
         node_port = node_port_of(served)
         first = served.workers()
         assert len(first) == 2, served.output
-        expected = expected_by_partition(data)
+        expected = expected_by_partition(data.records)
         total = sum(len(v) for v in expected.values())
         consumed: list[tuple] = []
         done = threading.Event()
@@ -250,12 +176,12 @@ def test_a_java_consumer_keeps_its_fetch_session_across_a_killed_worker(kafka_cl
     subscribed: a Kafka 4 client whose only broker disconnects rebootstraps, and a group
     member then rejoins and re-reads from its committed offset, as it would against a
     one-broker cluster (at least once, by Kafka's design)."""
-    data, root = tiered
-    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+    data = tiered
+    served, bootstrap_port, metrics_port = serve(data, tmp_path, 2)
     consumer = None
     try:
         node_port = node_port_of(served)
-        expected = {0: expected_by_partition(data)[0]}
+        expected = {0: expected_by_partition(data.records)[0]}
         total = len(expected[0])
         # Its output is not read until the worker is dead: once the pipe is full the consumer
         # stops polling with most of the replay to go and its session open at the broker.
@@ -300,17 +226,17 @@ def _first_differences(got: dict[int, list], wanted: dict[int, list]) -> str:
     return "; ".join(out)
 
 
-def test_every_worker_listens_on_the_port_a_node_id_range_gives(kafka_cluster, tiered, tmp_path):
+def test_every_worker_listens_on_the_port_a_node_id_range_gives(tiered, tmp_path):
     """proxy.broker.node.id.range and proxy.broker.port.start: both workers open node 0's
     listener on the same port, and a replay through it reads every record once."""
-    data, root = tiered
+    data = tiered
     start = free_port_block(1)
-    served, bootstrap_port, metrics_port = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers, **{
+    served, bootstrap_port, metrics_port = serve(data, tmp_path, 2, **{
         "proxy.broker.node.id.range": "0-9", "proxy.broker.port.start": start})
     try:
         served.wait_for(SERVING, 2)
         served.wait_for(rf"listening for broker node 0 on {LOOPBACK}:{start}\b", 2)
-        expected = expected_by_partition(data)
+        expected = expected_by_partition(data.records)
         consumed = consume_confluent_assigned({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}"}, data.topic,
                                               range(PARTITIONS), sum(len(v) for v in expected.values()))
         assert in_partition_order(consumed) == expected
@@ -321,9 +247,9 @@ def test_every_worker_listens_on_the_port_a_node_id_range_gives(kafka_cluster, t
     assert status == 0, served.output
 
 
-def test_workers_exit_with_their_supervisor(kafka_cluster, tiered, tmp_path):
-    data, root = tiered
-    served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers)
+def test_workers_exit_with_their_supervisor(tiered, tmp_path):
+    data = tiered
+    served, _, _ = serve(data, tmp_path, 2)
     served.wait_for(SERVING, 2)
     workers = served.workers()
     assert len(workers) == 2
@@ -342,19 +268,17 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-def test_a_port_taken_stops_every_worker_with_the_address(kafka_cluster, tiered, tmp_path):
-    data, root = tiered
+def test_a_port_taken_stops_every_worker_with_the_address(tiered, tmp_path):
+    data = tiered
     taken = socket.socket()
     taken.bind((LOOPBACK, 0))
     taken.listen()
     try:
-        served, _, _ = serve(root, tmp_path, 2, bootstrap=kafka_cluster.bootstrap_servers,
-                             **{"proxy.bootstrap.port": taken.getsockname()[1]})
+        served, _, _ = serve(data, tmp_path, 2, **{"proxy.bootstrap.port": taken.getsockname()[1]})
         served.process.wait(60)
         served.stop()
     finally:
         taken.close()
     assert served.process.returncode == 1, served.output
-    assert f"cannot open the bootstrap listener on {LOOPBACK}:{taken.getsockname()[1] if False else ''}" \
-        in served.output or "cannot open the bootstrap listener" in served.output
+    assert "cannot open the bootstrap listener" in served.output
     assert "cannot start" in served.output

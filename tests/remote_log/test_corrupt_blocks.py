@@ -23,9 +23,7 @@ from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.rsm import ObjectStoreRemoteStorageManager, ObjectType
 from tierproxy.storage.s3 import S3RemoteStorageManager
-from tests.cache.remote_log import Partition, build_partition
-
-from .test_reader import check, close, make_reader
+from tests.helpers.remote_log import Partition, build_partition, check, close, make_reader
 
 CHUNK = 2 * BLOCK_BYTES  # the proxy reads two blocks at a time here
 STORES = ["local-16KiB-pieces", "local-4MiB-pieces", "s3"]

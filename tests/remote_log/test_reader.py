@@ -4,74 +4,40 @@ and real v2 batches; expected answers come from the batches the test wrote."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import crc32c
 import pytest
 
-from tierproxy.cache.chunk_cache import ChunkCache
-from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.remote_log.reader_pool import RemoteLogReaderPool
 from tierproxy.remote_log.metrics import RemoteMetrics
-from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader, RemoteReadResult
+from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
 from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady
 from tierproxy.storage.indexes.transaction_index import AbortedTxn
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.model import IndexType
 from tierproxy.storage.rsm import ObjectType
-from tests.cache.remote_log import (
+from tests.helpers.batches import batch
+from tests.helpers.remote_log import (
     BASE_TIMESTAMP_MS,
+    CHUNK,
     CountingRSM,
     Partition,
     abort_marker,
     add_segment,
     build_partition,
+    check,
+    close,
     commit_marker,
     local_remote_log,
+    make_reader,
     new_tp,
 )
-from tests.helpers.batches import batch
-
-CHUNK = 500
-
-
-def make_reader(
-    rsm,
-    rlmm,
-    *,
-    chunk_size: int = CHUNK,
-    chunk_cache_bytes: int = 1 << 20,
-    index_cache_bytes: int = 1 << 20,
-    read_ahead: int = 2,
-    metrics: RemoteMetrics | None = None,
-) -> RemoteLogReader:
-    metrics = metrics or RemoteMetrics()
-    return RemoteLogReader(
-        rsm,
-        rlmm,
-        RemoteIndexCache(rsm, max_bytes=index_cache_bytes, metrics=metrics.cache("index")),
-        ChunkCache(rsm, chunk_size=chunk_size, max_bytes=chunk_cache_bytes, read_ahead_chunks=read_ahead,
-                   metrics=metrics.cache("chunk")),
-        metrics,
-    )
-
-
-async def close(reader: RemoteLogReader) -> None:
-    await reader.close()
-
-
-def check(result: RemoteReadResult, partition: Partition, fetch_offset: int, max_bytes: int, min_one: bool) -> None:
-    expected = partition.expected(fetch_offset, max_bytes, min_one_batch=min_one)
-    data = b"".join(result.records)
-    assert data == b"".join(b.data for b in expected), (fetch_offset, max_bytes, min_one)
-    assert result.records_size == len(data)
-    assert not result.offset_out_of_range
-    assert result.log_start_offset == partition.log_start_offset
-    assert result.next_fetch_offset == (expected[-1].last_offset + 1 if expected else fetch_offset)
-    assert result.aborted_transactions is None
 
 
 async def test_reads_at_every_offset_return_the_right_batches(tmp_path: Path) -> None:
@@ -283,18 +249,26 @@ def _break_the_length(stored: bytearray, position: int) -> None:
     stored[position + 8:position + 12] = (1 << 30).to_bytes(4, "big")  # runs past the segment's end
 
 
-async def test_a_corrupt_batch_is_never_served(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _damaged(tmp_path: Path, damage) -> AsyncIterator[tuple[Partition, RemoteLogReader, RemoteMetrics]]:
+    """A one-segment partition with `damage` done to batch 12 (`_damage_batch`), and a reader
+    of it whose read from the log start served the intact batches before it, and only them."""
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
-        victim = partition.batches[12]
-        _damage_batch(rsm, partition, 12, _flip_a_record_byte)
-
+        _damage_batch(rsm, partition, 12, damage)
         metrics = RemoteMetrics()
         reader = make_reader(rsm, rlmm, metrics=metrics)
-        corrupt = {"topic": partition.tp.topic, "reason": "corrupt"}
         before = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
         assert b"".join(before.records) == b"".join(b.data for b in partition.batches[:12])
-        assert before.next_fetch_offset == victim.base_offset
+        assert before.next_fetch_offset == partition.batches[12].base_offset
+        yield partition, reader, metrics
+        await close(reader)
+
+
+async def test_a_corrupt_batch_is_never_served(tmp_path: Path) -> None:
+    async with _damaged(tmp_path, _flip_a_record_byte) as (partition, reader, metrics):
+        victim = partition.batches[12]
+        corrupt = {"topic": partition.tp.topic, "reason": "corrupt"}
         assert metrics.value("tierproxy_remote_read_errors_total", corrupt) == 1  # served, yet counted
         for _ in range(2):  # the retry reads the store again, and fails again
             with pytest.raises(CorruptRemoteSegment):
@@ -302,7 +276,6 @@ async def test_a_corrupt_batch_is_never_served(tmp_path: Path) -> None:
         assert metrics.value("tierproxy_remote_read_errors_total", corrupt) == 3
         after = await reader.read(partition.tp, victim.last_offset + 1, 1 << 20, min_one_batch=True)
         assert b"".join(after.records) == b"".join(b.data for b in partition.batches[13:])
-        await close(reader)
 
 
 async def test_concurrent_cold_reads_fetch_each_index_and_chunk_once(tmp_path: Path) -> None:
@@ -371,7 +344,7 @@ async def test_timestamps_find_the_first_record_at_or_after(tmp_path: Path) -> N
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=3, epochs=[0, 0, 2])
         reader = make_reader(rsm, rlmm)
-        # Record o of a batch based at b has timestamp BASE + 10 * b + (o - b) (tests.cache.remote_log).
+        # Record o of a batch based at b has timestamp BASE + 10 * b + (o - b) (tests.helpers.remote_log).
         records = [(BASE_TIMESTAMP_MS + 10 * b.base_offset + (o - b.base_offset), o, b)
                    for b in partition.batches for o in range(b.base_offset, b.last_offset + 1)]
 
@@ -447,22 +420,12 @@ async def test_memory_stays_bounded_with_many_concurrent_replays(tmp_path: Path)
 
 
 async def test_a_corrupt_batch_length_serves_the_intact_batches_before_it(tmp_path: Path) -> None:
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=25)
-        victim = partition.batches[12]
-        _damage_batch(rsm, partition, 12, _break_the_length)
-
-        metrics = RemoteMetrics()
-        reader = make_reader(rsm, rlmm, metrics=metrics)
-        before = await reader.read(partition.tp, partition.log_start_offset, 1 << 20, min_one_batch=True)
-        assert b"".join(before.records) == b"".join(b.data for b in partition.batches[:12])
-        assert before.next_fetch_offset == victim.base_offset
+    async with _damaged(tmp_path, _break_the_length) as (partition, reader, metrics):
         with pytest.raises(CorruptRemoteSegment):
-            await reader.read(partition.tp, victim.base_offset, 1 << 20, min_one_batch=True)
+            await reader.read(partition.tp, partition.batches[12].base_offset, 1 << 20, min_one_batch=True)
         # The read that stopped before it and the one that failed at it.
         assert metrics.value("tierproxy_remote_read_errors_total",
                              {"topic": partition.tp.topic, "reason": "corrupt"}) == 2
-        await close(reader)
 
 
 async def test_block_checksums_refuse_a_same_size_change_that_keeps_the_batch_crc(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ and remote.fetch.max.wait.ms; plus the engine wired from the proxy's configurati
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from tierproxy.remote_log.reader_pool import ReaderQueueFull, ReadOutcome, Remot
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.engine import RemoteReadEngine
 from tierproxy.storage.errors import RemoteStorageError
-from tests.cache.remote_log import CountingRSM, build_partition, local_remote_log, new_tp
+from tests.helpers.remote_log import CountingRSM, Partition, build_partition, local_remote_log, new_tp
 
 
 class Gate:
@@ -149,9 +151,24 @@ async def test_close_cancels_running_and_waiting_reads() -> None:
         pool.submit(gate.read)
 
 
+@contextlib.asynccontextmanager
+async def _engine(tmp_path: Path, settings: dict[str, str], metrics: RemoteMetrics
+                  ) -> AsyncIterator[tuple[Partition, CountingRSM, RemoteReadEngine]]:
+    """A started RemoteReadEngine with these settings over a two-segment partition in the
+    local stores, reading through a CountingRSM (whose delay a test may raise)."""
+    config = parse({"bootstrap.servers": "127.0.0.1:9092", **settings})
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
+        slow = CountingRSM(rsm)
+        engine = RemoteReadEngine.from_config(config, slow, rlmm, metrics)
+        await engine.start()
+        yield partition, slow, engine
+        await engine.close()
+
+
 async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
-    config = parse({
-        "bootstrap.servers": "127.0.0.1:9092",
+    metrics = RemoteMetrics()
+    async with _engine(tmp_path, {
         "remote.log.chunk.size.bytes": "4096",
         "remote.log.chunk.cache.size.bytes": "65536",
         "remote.log.index.file.cache.total.size.mb": "1",
@@ -160,13 +177,7 @@ async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
         "remote.log.reader.max.pending.tasks": "2",
         "remote.fetch.max.wait.ms": "100",
         "remote.log.read.ahead.chunks": "0",  # the second segment is not loaded before it is read
-    })
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
-        slow = CountingRSM(rsm)
-        metrics = RemoteMetrics()
-        engine = RemoteReadEngine.from_config(config, slow, rlmm, metrics)
-        await engine.start()
+    }, metrics) as (partition, slow, engine):
         assert engine.index_cache.max_bytes == 1 << 20 and engine.chunk_cache.chunk_size == 4096
         assert engine.fetch_max_wait_s == 0.1
 
@@ -180,21 +191,14 @@ async def test_engine_from_config_reads_and_expires(tmp_path: Path) -> None:
         second = partition.segments[1].start_offset
         expired = await engine.read(partition.tp, second, 1 << 20, min_one_batch=True)
         assert expired == ReadOutcome(expired=True)
-        await engine.close()
 
 
 async def test_engine_list_offsets_lookups_run_on_the_pool_within_its_bounds(tmp_path: Path) -> None:
-    config = parse({
-        "bootstrap.servers": "127.0.0.1:9092",
+    async with _engine(tmp_path, {
         "remote.log.reader.threads": "1",
         "remote.log.reader.max.pending.tasks": "1",
         "remote.list.offsets.request.timeout.ms": "100",
-    })
-    async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2)
-        slow = CountingRSM(rsm)
-        engine = RemoteReadEngine.from_config(config, slow, rlmm, RemoteMetrics())
-        await engine.start()
+    }, RemoteMetrics()) as (partition, slow, engine):
         assert engine.list_offsets_timeout_s == 0.1
         tp = partition.tp
         found = await engine.offset_for_timestamp(tp, 0)
@@ -219,4 +223,3 @@ async def test_engine_list_offsets_lookups_run_on_the_pool_within_its_bounds(tmp
         assert await engine.max_timestamp(tp) == ReadOutcome(expired=True)
         unknown = await engine.latest_tiered_offset(new_tp())
         assert unknown.value is None and unknown.error is None
-        await engine.close()

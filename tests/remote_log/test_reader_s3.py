@@ -19,9 +19,7 @@ from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.s3 import S3Server
-from tests.cache.remote_log import build_partition
-
-from .test_reader import check, close, make_reader
+from tests.helpers.remote_log import build_partition, check, close, make_reader
 
 pytestmark = pytest.mark.s3
 

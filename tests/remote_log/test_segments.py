@@ -6,9 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from tierproxy.remote_log.segments import RemoteLogSegments, epoch_at
-from tests.cache.remote_log import Partition, add_segment, build_partition, local_remote_log, new_tp, plain_batches
-
-from .test_reader import close, make_reader
+from tests.helpers.remote_log import (
+    Partition,
+    add_segment,
+    build_partition,
+    close,
+    local_remote_log,
+    make_reader,
+    new_tp,
+    plain_batches,
+)
 
 
 def _walk(segments: RemoteLogSegments, partition: Partition, offset: int, leader_epoch: int = -1) -> list[tuple]:

@@ -7,10 +7,8 @@ from pathlib import Path
 from tierproxy.remote_log.segments import RemoteLogSegments
 from tierproxy.remote_log.transactions import collect_aborted
 from tierproxy.storage.indexes import AbortedTxn
-from tests.cache.remote_log import Partition, abort_marker, add_segment, local_remote_log, new_tp
 from tests.helpers.batches import batch
-
-from .test_reader import close, make_reader
+from tests.helpers.remote_log import Partition, abort_marker, add_segment, close, local_remote_log, make_reader, new_tp
 
 TXN = dict(transactional=True, producer_epoch=0)
 

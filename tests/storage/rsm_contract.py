@@ -137,6 +137,12 @@ class RemoteStorageManagerContract(abc.ABC):
     def key(self, rsm: RemoteStorageManager, segment: Segment, object_type: ObjectType) -> str:
         return segment_object_key(rsm.prefix, segment.metadata, object_type)
 
+    async def flip(self, rsm: RemoteStorageManager, key: str, position: int, bits: int) -> None:
+        """XOR one stored byte of the object with `bits`: same size, other bytes."""
+        stored = bytearray(await self.raw_read(rsm, key))
+        stored[position] ^= bits
+        await self.raw_write(rsm, key, bytes(stored))
+
     # -- copy and fetch ---------------------------------------------------------
 
     async def test_copy_then_fetch_whole_segment(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
@@ -338,9 +344,7 @@ class RemoteStorageManagerContract(abc.ABC):
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         assert await rsm.fetch_index(segment.metadata, IndexType.OFFSET)  # manifest now cached
         key = self.key(rsm, segment, ObjectType.OFFSET_INDEX)
-        tampered = bytearray(await self.raw_read(rsm, key))
-        tampered[3] ^= 0xFF  # same size, other bytes: only the CRC (or the GCM tag) can tell
-        await self.raw_write(rsm, key, bytes(tampered))
+        await self.flip(rsm, key, 3, 0xFF)  # only the CRC (or the GCM tag) can tell
         with pytest.raises(CorruptRemoteSegment, match=key):
             await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
         await rsm.verify_segment(segment.metadata)  # sizes alone agree
@@ -367,9 +371,7 @@ class RemoteStorageManagerContract(abc.ABC):
         segment = make_segment(tmp_path, log_size=50_000)
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         key = self.key(rsm, segment, ObjectType.LOG)
-        tampered = bytearray(await self.raw_read(rsm, key))
-        tampered[40_000] ^= 0x01
-        await self.raw_write(rsm, key, bytes(tampered))
+        await self.flip(rsm, key, 40_000, 0x01)
         await rsm.verify_segment(segment.metadata)
         with pytest.raises(CorruptRemoteSegment, match=key):
             await rsm.verify_segment(segment.metadata, check_crc=True)
@@ -453,6 +455,11 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         key = self.key(rsm, segment, ObjectType.LOG)
         return key, await self.raw_read(rsm, key)
 
+    async def rewritten_log(self, rsm: RemoteStorageManager, segment: Segment, change) -> None:
+        """Copy the segment, then store `change(stored bytes)` as its `.log`."""
+        key, stored = await self.copied_log(rsm, segment)
+        await self.raw_write(rsm, key, change(stored))
+
     async def test_the_manifest_names_the_key_and_holds_no_plaintext_checksum(
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
@@ -489,10 +496,8 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=4 * BLOCK_BYTES + 1000)
-        key, stored = await self.copied_log(rsm, segment)
-        tampered = bytearray(stored)
-        tampered[CHUNK_STEP + 7] ^= 0x40  # a byte of chunk 1
-        await self.raw_write(rsm, key, bytes(tampered))
+        key, _ = await self.copied_log(rsm, segment)
+        await self.flip(rsm, key, CHUNK_STEP + 7, 0x40)  # a byte of chunk 1
         # Chunks 0, 2, 3 and 4 are served; any read that covers chunk 1 is refused.
         for start, end in ((0, BLOCK_BYTES - 1), (2 * BLOCK_BYTES, 4 * BLOCK_BYTES + 999), (100, 200)):
             assert await read_all(rsm, segment.metadata, start, end) == segment.log[start:end + 1]
@@ -504,9 +509,8 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=3 * BLOCK_BYTES)
-        key, stored = await self.copied_log(rsm, segment)
         step = CHUNK_STEP
-        await self.raw_write(rsm, key, stored[step:2 * step] + stored[:step] + stored[2 * step:])  # 0 and 1 swapped
+        await self.rewritten_log(rsm, segment, lambda stored: stored[step:2 * step] + stored[:step] + stored[2 * step:])
         with pytest.raises(DecryptionFailed, match="chunk 0"):
             await read_all(rsm, segment.metadata, 0, 10)
         with pytest.raises(DecryptionFailed, match="chunk 1"):
@@ -535,8 +539,7 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         self, rsm: RemoteStorageManager, tmp_path: Path
     ) -> None:
         segment = make_segment(tmp_path, log_size=2 * BLOCK_BYTES + 100)
-        key, stored = await self.copied_log(rsm, segment)
-        await self.raw_write(rsm, key, stored[:2 * CHUNK_STEP])
+        await self.rewritten_log(rsm, segment, lambda stored: stored[:2 * CHUNK_STEP])
         body = await self.manifest_body(rsm, segment)
         body["objects"]["log"]["size"] = 2 * BLOCK_BYTES  # the manifest agrees with the cut
         await self.raw_write(rsm, self.key(rsm, segment, ObjectType.MANIFEST), json.dumps(body).encode())

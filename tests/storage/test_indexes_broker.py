@@ -18,19 +18,9 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tierproxy.protocol.records import iter_batches
-from tierproxy.storage.indexes import (
-    LeaderEpochCheckpoint,
-    OffsetIndex,
-    SegmentIndexes,
-    ProducerSnapshot,
-    TimeIndex,
-    TransactionIndex,
-    build_segment_indexes,
-    epochs_in_range,
-    find_offset_by_timestamp,
-    segment_file_name,
-    write_segment_files,
-)
+from tierproxy.storage.indexes import LeaderEpochCheckpoint, OffsetIndex, ProducerSnapshot, SegmentIndexes, TimeIndex
+from tierproxy.storage.indexes import TransactionIndex, build_segment_indexes, epochs_in_range
+from tierproxy.storage.indexes import find_offset_by_timestamp, segment_file_name, write_segment_files
 
 pytestmark = pytest.mark.broker
 
@@ -74,6 +64,15 @@ def _send(producer: Producer, topic: str, count: int, tag: bytes) -> None:
     assert producer.flush(30) == 0
 
 
+def _transaction(producer: Producer, topic: str, count: int, tag: bytes, *, commit: bool) -> None:
+    producer.begin_transaction()
+    _send(producer, topic, count, tag)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+
+
 def _produce_confluent(bootstrap: str, topic: str) -> None:
     for codec in CODECS:
         _send(_client(bootstrap, **{"compression.type": codec, "enable.idempotence": True}), topic, 150, b"c")
@@ -85,12 +84,8 @@ def _produce_confluent(bootstrap: str, topic: str) -> None:
         producer.init_transactions(30)
 
     # Committed, then aborted, each alone.
-    first.begin_transaction()
-    _send(first, topic, 50, b"t1")
-    first.commit_transaction(30)
-    first.begin_transaction()
-    _send(first, topic, 50, b"t2")
-    first.abort_transaction(30)
+    _transaction(first, topic, 50, b"t1", commit=True)
+    _transaction(first, topic, 50, b"t2", commit=False)
 
     # Interleaved: first aborts while second is open, so the LSO of the abort is
     # second's first offset, not the marker's offset + 1.
@@ -105,12 +100,8 @@ def _produce_confluent(bootstrap: str, topic: str) -> None:
 
     # A transaction across several segments: its ABORT marker's segment must know
     # where it began, from the producer state carried over from earlier segments.
-    second.begin_transaction()
-    _send(second, topic, 600, b"u3")
-    second.abort_transaction(30)
-    second.begin_transaction()
-    _send(second, topic, 40, b"u4")
-    second.commit_transaction(30)
+    _transaction(second, topic, 600, b"u3", commit=False)
+    _transaction(second, topic, 40, b"u4", commit=True)
 
     # Enough after the last marker that its segment rolls.
     _send(plain, topic, 300, b"f")

@@ -15,15 +15,9 @@ from tierproxy.storage.metadata.cache import (
     is_segment_within_lineage,
 )
 from tierproxy.storage.metadata.serde import RemoteLogTruncation
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.model import RemotePartitionDeleteMetadata, RemotePartitionDeleteState
+from tests.helpers.metadata import segment
 
 S = RemoteLogSegmentState
 P = RemotePartitionDeleteState
@@ -36,13 +30,6 @@ LEGAL_PARTITION = {(None, P.DELETE_PARTITION_MARKED), (P.DELETE_PARTITION_MARKED
 PATH = {S.COPY_SEGMENT_STARTED: [], S.COPY_SEGMENT_FINISHED: [S.COPY_SEGMENT_FINISHED],
         S.DELETE_SEGMENT_STARTED: [S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED],
         S.DELETE_SEGMENT_FINISHED: [S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED, S.DELETE_SEGMENT_FINISHED]}
-
-
-def segment(start, end, epochs, tp=TP, state=S.COPY_SEGMENT_STARTED):
-    return RemoteLogSegmentMetadata(
-        segment_id=RemoteLogSegmentId(tp, uuid.uuid4()), start_offset=start, end_offset=end,
-        max_timestamp_ms=0, leader_epoch=max(e for e, _ in epochs), event_timestamp_ms=0,
-        segment_leader_epochs=tuple(epochs), segment_size_in_bytes=1000, state=state)
 
 
 def update(m, state, epoch=0):
@@ -58,7 +45,7 @@ def finished(cache, m):
 @pytest.mark.parametrize("current, target", list(itertools.product(S, S)))
 def test_every_segment_transition(current, target):
     cache = RemoteLogMetadataCache()
-    m = segment(0, 9, [(0, 0)])
+    m = segment(TP, 0, 9, [(0, 0)])
     cache.apply(m)
     for state in PATH[current]:
         cache.apply(update(m, state))
@@ -82,18 +69,18 @@ def test_every_segment_transition(current, target):
 def test_add_only_in_copy_segment_started(state):
     cache = RemoteLogMetadataCache()
     with pytest.raises(IllegalStateTransition):
-        cache.apply(segment(0, 9, [(0, 0)], state=state))
+        cache.apply(segment(TP, 0, 9, [(0, 0)], state=state))
     assert cache.list_segments(TP) == []
 
 
 def test_duplicate_segment_and_unknown_update():
     cache = RemoteLogMetadataCache()
-    m = segment(0, 9, [(0, 0)])
+    m = segment(TP, 0, 9, [(0, 0)])
     cache.apply(m)
     with pytest.raises(DuplicateSegment):
         cache.apply(m)
     with pytest.raises(UnknownSegment):
-        cache.apply(update(segment(0, 9, [(0, 0)]), S.COPY_SEGMENT_FINISHED))
+        cache.apply(update(segment(TP, 0, 9, [(0, 0)]), S.COPY_SEGMENT_FINISHED))
 
 
 @pytest.mark.parametrize("current, target", list(itertools.product([None, *P], P)))
@@ -117,7 +104,7 @@ def test_every_partition_delete_transition(current, target):
 
 def test_replay_drops_a_broken_record_and_keeps_going():
     cache = RemoteLogMetadataCache()
-    m = segment(0, 9, [(0, 0)])
+    m = segment(TP, 0, 9, [(0, 0)])
     assert cache.replay(m)
     assert not cache.replay(update(m, S.DELETE_SEGMENT_FINISHED))
     assert cache.replay(update(m, S.COPY_SEGMENT_FINISHED))
@@ -126,9 +113,9 @@ def test_replay_drops_a_broken_record_and_keeps_going():
 
 def test_lookups_follow_state():
     cache = RemoteLogMetadataCache()
-    a = segment(0, 99, [(0, 0), (1, 50)])
-    b = segment(100, 199, [(1, 100), (2, 150)])
-    c = segment(200, 299, [(2, 200)])
+    a = segment(TP, 0, 99, [(0, 0), (1, 50)])
+    b = segment(TP, 100, 199, [(1, 100), (2, 150)])
+    c = segment(TP, 200, 299, [(2, 200)])
     cache.apply(a)
     assert cache.segment_for(TP, 10, 0) is None  # not finished: not served, but listed
     assert cache.list_segments(TP) == [a]
@@ -163,8 +150,8 @@ def test_lookups_follow_state():
 def test_new_leader_superset_segment_replaces_the_old_ones():
     # Kafka's case-1: L0 uploaded 0-100, L1 (after an election, same epoch) 0-200.
     cache = RemoteLogMetadataCache()
-    s0 = finished(cache, segment(0, 100, [(0, 0)]))
-    s1 = finished(cache, segment(0, 200, [(0, 0)]))
+    s0 = finished(cache, segment(TP, 0, 100, [(0, 0)]))
+    s1 = finished(cache, segment(TP, 0, 200, [(0, 0)]))
     assert cache.segment_for(TP, 50, 0).segment_id == s1.segment_id
     assert {m.segment_id for m in cache.list_segments(TP, 0)} == {s0.segment_id, s1.segment_id}
 
@@ -176,25 +163,25 @@ CHAIN = [(0, 0), (2, 100)]
 
 
 def unclean_election(cache):
-    old = finished(cache, segment(0, 199, [(0, 0), (1, 100)]))  # diverged tail 100-199
-    new_head = finished(cache, segment(0, 99, [(0, 0)]))  # B re-tiered its own head
-    new_tail = finished(cache, segment(100, 249, [(2, 100)]))
+    old = finished(cache, segment(TP, 0, 199, [(0, 0), (1, 100)]))  # diverged tail 100-199
+    new_head = finished(cache, segment(TP, 0, 99, [(0, 0)]))  # B re-tiered its own head
+    new_tail = finished(cache, segment(TP, 100, 249, [(2, 100)]))
     return old, new_head, new_tail
 
 
 def test_lineage_check_is_kafkas():
-    old = segment(0, 199, [(0, 0), (1, 100)])
+    old = segment(TP, 0, 199, [(0, 0), (1, 100)])
     assert not is_segment_within_lineage(old, CHAIN)
-    assert is_segment_within_lineage(segment(0, 99, [(0, 0)]), CHAIN)
-    assert not is_segment_within_lineage(segment(0, 100, [(0, 0)]), CHAIN)  # runs into epoch 2
-    assert is_segment_within_lineage(segment(100, 249, [(2, 100)]), CHAIN)
-    assert not is_segment_within_lineage(segment(100, 249, [(2, 100)]), CHAIN, log_end_offset=200)
-    assert not is_segment_within_lineage(segment(100, 249, [(3, 100)]), CHAIN)
+    assert is_segment_within_lineage(segment(TP, 0, 99, [(0, 0)]), CHAIN)
+    assert not is_segment_within_lineage(segment(TP, 0, 100, [(0, 0)]), CHAIN)  # runs into epoch 2
+    assert is_segment_within_lineage(segment(TP, 100, 249, [(2, 100)]), CHAIN)
+    assert not is_segment_within_lineage(segment(TP, 100, 249, [(2, 100)]), CHAIN, log_end_offset=200)
+    assert not is_segment_within_lineage(segment(TP, 100, 249, [(3, 100)]), CHAIN)
     # A segment older than the chain's first epoch (log start moved) still matches (Kafka's example).
     chain = [(7, 51), (9, 100)]
-    assert is_segment_within_lineage(segment(14, 150, [(5, 14), (7, 15), (9, 100)]), chain)
+    assert is_segment_within_lineage(segment(TP, 14, 150, [(5, 14), (7, 15), (9, 100)]), chain)
     # An epoch without records is ignored on both sides.
-    assert is_segment_within_lineage(segment(0, 99, [(0, 0), (1, 40), (2, 40)]), [(0, 0), (2, 40), (3, 100)])
+    assert is_segment_within_lineage(segment(TP, 0, 99, [(0, 0), (1, 40), (2, 40)]), [(0, 0), (2, 40), (3, 100)])
 
 
 def test_unclean_election_serves_the_right_lineage():
@@ -211,17 +198,17 @@ def test_unclean_election_serves_the_right_lineage():
 
 def test_lineage_filter_when_the_diverged_segment_is_the_only_candidate():
     cache = RemoteLogMetadataCache()
-    old = finished(cache, segment(0, 199, [(0, 0), (1, 100)]))
+    old = finished(cache, segment(TP, 0, 199, [(0, 0), (1, 100)]))
     assert cache.segment_for(TP, 50, 0).segment_id == old.segment_id
     assert cache.segment_for(TP, 50, 0, CHAIN) is None  # would serve diverged records past 99
 
 
 def test_truncation_cuts_the_straddling_segment_and_marks_the_rest_for_deletion():
     cache = RemoteLogMetadataCache()
-    below = finished(cache, segment(0, 49, [(0, 0)]))
-    old = finished(cache, segment(50, 199, [(0, 50), (1, 100)]))
-    above = finished(cache, segment(200, 299, [(1, 200)]))
-    copying = segment(300, 399, [(1, 300)])
+    below = finished(cache, segment(TP, 0, 49, [(0, 0)]))
+    old = finished(cache, segment(TP, 50, 199, [(0, 50), (1, 100)]))
+    above = finished(cache, segment(TP, 200, 299, [(1, 200)]))
+    copying = segment(TP, 300, 399, [(1, 300)])
     cache.apply(copying)
     cache.apply(RemoteLogTruncation(TP, 100, leader_epoch=2, event_timestamp_ms=5))
 
@@ -239,7 +226,7 @@ def test_truncation_cuts_the_straddling_segment_and_marks_the_rest_for_deletion(
     # Now within the new lineage, so served with the chain too.
     assert cache.segment_for(TP, 60, 0, CHAIN).segment_id == old.segment_id
     # The new leader's segments after the cut are not touched by it.
-    new_tail = finished(cache, segment(100, 249, [(2, 100)]))
+    new_tail = finished(cache, segment(TP, 100, 249, [(2, 100)]))
     assert cache.segment_for(TP, 150, 2, CHAIN).segment_id == new_tail.segment_id
     assert cache.log_end_offset(TP) == 249
     assert {m.segment_id for m in cache.list_segments(TP)} == {
@@ -249,7 +236,7 @@ def test_truncation_cuts_the_straddling_segment_and_marks_the_rest_for_deletion(
 def test_snapshot_restores_the_same_state():
     cache = RemoteLogMetadataCache()
     unclean_election(cache)
-    started = segment(250, 260, [(2, 250)])
+    started = segment(TP, 250, 260, [(2, 250)])
     cache.apply(started)
     cache.apply(RemoteLogTruncation(TP, 150, 3, 0))
     cache.apply(RemotePartitionDeleteMetadata(TP, P.DELETE_PARTITION_MARKED, 0, 0))

@@ -11,25 +11,12 @@ from tierproxy.storage.errors import IllegalStateTransition, MetadataNotReady, R
 from tierproxy.storage.metadata import DuplicateSegment, MetadataDecodeError, UnknownSegment
 from tierproxy.storage.metadata.file_store import LOG_FILE_NAME, FileRemoteLogMetadataManager, encode_checked_entry
 from tierproxy.storage.metadata.serde import serialize
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.model import RemotePartitionDeleteMetadata, RemotePartitionDeleteState
+from tests.helpers.metadata import segment
 
 S = RemoteLogSegmentState
 TP = TopicIdPartition(uuid.uuid4(), "payments", 3)
-
-
-def segment(start, end, epochs, tp=TP):
-    return RemoteLogSegmentMetadata(
-        segment_id=RemoteLogSegmentId(tp, uuid.uuid4()), start_offset=start, end_offset=end, max_timestamp_ms=7,
-        leader_epoch=epochs[-1][0], event_timestamp_ms=8, segment_leader_epochs=tuple(epochs),
-        segment_size_in_bytes=4096)
 
 
 async def copy(rlmm, m):
@@ -49,11 +36,11 @@ async def test_reads_before_start_are_not_ready(tmp_path):
     with pytest.raises(MetadataNotReady):
         await rlmm.wait_until_ready(TP, timeout=0.01)
     with pytest.raises(MetadataNotReady):
-        await rlmm.add_remote_log_segment_metadata(segment(0, 9, [(0, 0)]))
+        await rlmm.add_remote_log_segment_metadata(segment(TP, 0, 9, [(0, 0)]))
 
 
 async def test_writes_follow_the_rules_and_survive_a_restart(tmp_path):
-    a, b, c = segment(0, 99, [(0, 0)]), segment(100, 199, [(0, 100), (1, 150)]), segment(200, 299, [(1, 200)])
+    a, b, c = segment(TP, 0, 99, [(0, 0)]), segment(TP, 100, 199, [(0, 100), (1, 150)]), segment(TP, 200, 299, [(1, 200)])
     async with FileRemoteLogMetadataManager(tmp_path) as rlmm:
         await rlmm.wait_until_ready(TP, timeout=1)
         await copy(rlmm, a)
@@ -66,7 +53,7 @@ async def test_writes_follow_the_rules_and_survive_a_restart(tmp_path):
                 RemoteLogSegmentMetadataUpdate(c.segment_id, 1, S.DELETE_SEGMENT_FINISHED, 1))
         with pytest.raises(UnknownSegment):
             await rlmm.update_remote_log_segment_metadata(
-                RemoteLogSegmentMetadataUpdate(segment(0, 1, [(0, 0)]).segment_id, 1, S.COPY_SEGMENT_FINISHED, 1))
+                RemoteLogSegmentMetadataUpdate(segment(TP, 0, 1, [(0, 0)]).segment_id, 1, S.COPY_SEGMENT_FINISHED, 1))
         with pytest.raises(IllegalStateTransition):
             await rlmm.put_partition_delete(
                 RemotePartitionDeleteMetadata(TP, RemotePartitionDeleteState.DELETE_PARTITION_STARTED, 1, 1))
@@ -85,7 +72,7 @@ async def test_writes_follow_the_rules_and_survive_a_restart(tmp_path):
 
 
 async def test_torn_tail_is_cut_off_on_load(tmp_path):
-    a, b = segment(0, 99, [(0, 0)]), segment(100, 199, [(0, 100)])
+    a, b = segment(TP, 0, 99, [(0, 0)]), segment(TP, 100, 199, [(0, 100)])
     async with FileRemoteLogMetadataManager(tmp_path) as rlmm:
         await copy(rlmm, a)
         await rlmm.add_remote_log_segment_metadata(b)
@@ -109,7 +96,7 @@ async def test_torn_tail_is_cut_off_on_load(tmp_path):
                 RemoteLogSegmentMetadataUpdate(b.segment_id, 9, S.DELETE_SEGMENT_STARTED, 1))
             await rlmm.update_remote_log_segment_metadata(
                 RemoteLogSegmentMetadataUpdate(b.segment_id, 9, S.DELETE_SEGMENT_FINISHED, 1))
-            b = segment(100, 199, [(0, 100)])
+            b = segment(TP, 100, 199, [(0, 100)])
             await rlmm.add_remote_log_segment_metadata(b)
             good = state_of(rlmm)
         valid_size = path.stat().st_size
@@ -130,14 +117,14 @@ async def test_one_writer_and_read_only_followers(tmp_path):
             # Only a follower has to be told to look for another process's appends.
             assert reader.needs_refresh and not writer.needs_refresh
             assert await writer.refresh() == 0
-            a = segment(0, 99, [(0, 0)])
+            a = segment(TP, 0, 99, [(0, 0)])
             await copy(writer, a)
             with open(tmp_path / LOG_FILE_NAME, "ab") as f:  # a writer half-way through an append
-                f.write(encode_checked_entry(serialize(segment(100, 199, [(0, 100)])))[:5])
+                f.write(encode_checked_entry(serialize(segment(TP, 100, 199, [(0, 100)])))[:5])
             assert await reader.refresh() == 2
             assert reader.segment_for(TP, 5, 0) == writer.segment_for(TP, 5, 0)
             with pytest.raises(RemoteLogMetadataError, match="read-only"):
-                await reader.add_remote_log_segment_metadata(segment(100, 199, [(0, 100)]))
+                await reader.add_remote_log_segment_metadata(segment(TP, 100, 199, [(0, 100)]))
     # The writer's lock is released on close.
     async with FileRemoteLogMetadataManager(tmp_path) as again:
         assert again.log_end_offset(TP) == 99
@@ -147,7 +134,7 @@ async def test_shared_writers_see_each_other_and_keep_one_valid_file(tmp_path):
     # Two processes' worth of writers: each append first replays what the other wrote.
     async with FileRemoteLogMetadataManager(tmp_path, shared=True) as one, \
             FileRemoteLogMetadataManager(tmp_path, shared=True) as two:
-        a, b = segment(0, 99, [(0, 0)]), segment(100, 199, [(0, 100)])
+        a, b = segment(TP, 0, 99, [(0, 0)]), segment(TP, 100, 199, [(0, 100)])
         await one.add_remote_log_segment_metadata(a)
         await two.add_remote_log_segment_metadata(b)
         # `two` checked its first update against `one`'s add: a is known to it.
@@ -164,7 +151,7 @@ async def test_shared_writers_see_each_other_and_keep_one_valid_file(tmp_path):
         assert one.log_end_offset(TP) == 99
         # A torn tail left by a writer that died mid-append is cut by the next one to append.
         with open(tmp_path / LOG_FILE_NAME, "ab") as f:
-            f.write(encode_checked_entry(serialize(segment(200, 299, [(0, 200)])))[:7])
+            f.write(encode_checked_entry(serialize(segment(TP, 200, 299, [(0, 200)])))[:7])
         await two.update_remote_log_segment_metadata(
             RemoteLogSegmentMetadataUpdate(b.segment_id, 9, S.COPY_SEGMENT_FINISHED, 1))
         await one.refresh()

@@ -18,23 +18,11 @@ from tierproxy.storage.metadata.topic_store import (
     flat_file_name,
     metadata_partition,
 )
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
+from tierproxy.storage.model import RemotePartitionDeleteMetadata, RemotePartitionDeleteState
+from tests.helpers.metadata import segment
 
 S = RemoteLogSegmentState
-
-
-def segment(tp, start, end, epoch=0):
-    return RemoteLogSegmentMetadata(
-        segment_id=RemoteLogSegmentId(tp, uuid.uuid4()), start_offset=start, end_offset=end, max_timestamp_ms=1,
-        leader_epoch=epoch, event_timestamp_ms=2, segment_leader_epochs=((epoch, start),), segment_size_in_bytes=10)
 
 
 def state_of(rlmm, tps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
 
 from tierproxy.storage.encryption import KeyRing
 
-from .rsm_contract import EncryptedRemoteStorageManagerContract, RemoteStorageManagerContract, make_segment
+from .rsm_contract import EncryptedRemoteStorageManagerContract, RemoteStorageManagerContract, Segment, make_segment
 
 
 class TestLocalRemoteStorageManager(RemoteStorageManagerContract):
@@ -51,11 +52,18 @@ class TestLocalRemoteStorageManagerEncrypted(EncryptedRemoteStorageManagerContra
         return LocalRemoteStorageManager(rsm.root, prefix=rsm.prefix, chunk_bytes=rsm.chunk_bytes, keys=keys)
 
 
+@contextlib.asynccontextmanager
+async def _copied(tmp_path: Path, **options: object) -> AsyncIterator[tuple[LocalRemoteStorageManager, Segment]]:
+    """A 1000-byte segment copied to a local store under tmp_path / "remote" (`options` for the store)."""
+    segment = make_segment(tmp_path / "local", log_size=1000)
+    async with LocalRemoteStorageManager(tmp_path / "remote", **options) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        yield rsm, segment
+
+
 async def test_objects_are_files_under_the_root(tmp_path: Path) -> None:
     root = tmp_path / "remote"
-    segment = make_segment(tmp_path / "local", log_size=1000)
-    async with LocalRemoteStorageManager(root) as rsm:
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    async with _copied(tmp_path) as (rsm, segment):
         log_key = rsm._key(segment.metadata, ObjectType.LOG)
     assert (root / log_key).read_bytes() == segment.log
     # Written to a temp name and renamed: no temp file is left behind.
@@ -64,9 +72,7 @@ async def test_objects_are_files_under_the_root(tmp_path: Path) -> None:
 
 async def test_delete_partition_removes_its_directories(tmp_path: Path) -> None:
     root = tmp_path / "remote"
-    segment = make_segment(tmp_path / "local", log_size=1000)
-    async with LocalRemoteStorageManager(root, prefix="p") as rsm:
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    async with _copied(tmp_path, prefix="p") as (rsm, segment):
         await rsm.delete_partition(segment.metadata.topic_id_partition)
     assert root.is_dir()
     assert list(root.rglob("*")) == []
@@ -74,10 +80,7 @@ async def test_delete_partition_removes_its_directories(tmp_path: Path) -> None:
 
 async def test_leftover_temp_file_is_removed_with_the_partition(tmp_path: Path) -> None:
     # A crash between writing a temp file and renaming it leaves the temp file.
-    root = tmp_path / "remote"
-    segment = make_segment(tmp_path / "local", log_size=1000)
-    async with LocalRemoteStorageManager(root) as rsm:
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    async with _copied(tmp_path) as (rsm, segment):
         log_path = rsm.path_of(rsm._key(segment.metadata, ObjectType.LOG))
         (log_path.parent / f".{log_path.name}.dead.tmp").write_bytes(b"half")
         tip = segment.metadata.topic_id_partition
@@ -98,10 +101,7 @@ async def test_missing_local_source_file_is_not_a_missing_remote_object(tmp_path
 
 
 async def test_os_errors_become_storage_errors(tmp_path: Path) -> None:
-    root = tmp_path / "remote"
-    segment = make_segment(tmp_path / "local", log_size=1000)
-    async with LocalRemoteStorageManager(root) as rsm:
-        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    async with _copied(tmp_path) as (rsm, segment):
         # A directory where the offset index should be: reading it fails with EISDIR.
         path = rsm.path_of(rsm._key(segment.metadata, ObjectType.OFFSET_INDEX))
         path.unlink()

@@ -21,6 +21,8 @@ from testbed.s3 import S3Server
 
 from tierproxy.storage.encryption import KeyRing
 
+from tests.helpers.s3 import S3Objects, manager
+
 from .rsm_contract import (
     LARGE_SEGMENT_BYTES,
     EncryptedRemoteStorageManagerContract,
@@ -29,60 +31,11 @@ from .rsm_contract import (
     read_all,
 )
 
-# 12 MiB segments go up in three parts: 5 + 5 + 2 MiB.
-PART_BYTES = 5 * MIB
-THRESHOLD_BYTES = 6 * MIB
-
-
-def manager(
-    server: S3Server, *, endpoint_url: str | None = None, bucket: str | None = None, **options: object
-) -> S3RemoteStorageManager:
-    """A manager with its own key prefix, small parts and tiny backoffs."""
-    settings = dict(
-        multipart_threshold_bytes=THRESHOLD_BYTES,
-        multipart_part_bytes=PART_BYTES,
-        chunk_bytes=256 * 1024,
-        max_connections=8,
-        retry_backoff_ms=10,
-        retry_backoff_max_ms=50,
-        max_attempts=3,
-        request_timeout_ms=5000,
-    )
-    settings.update(options)
-    return S3RemoteStorageManager(
-        bucket or server.bucket,
-        prefix=f"t-{uuid.uuid4().hex[:8]}/tiered",
-        endpoint_url=endpoint_url or server.endpoint_url,
-        region=server.region,
-        access_key_id=server.access_key,
-        secret_access_key=server.secret_key,
-        **settings,
-    )
-
-
-class TestS3RemoteStorageManager(RemoteStorageManagerContract):
+class TestS3RemoteStorageManager(S3Objects, RemoteStorageManagerContract):
     @pytest_asyncio.fixture(loop_scope="function")
     async def rsm(self, s3_server: S3Server) -> AsyncIterator[S3RemoteStorageManager]:
-        self.server = s3_server
-        async with manager(s3_server) as rsm:
+        async with self.manager_on(s3_server) as rsm:
             yield rsm
-
-    async def raw_write(self, rsm: RemoteStorageManager, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self.server.client().put_object, Bucket=self.server.bucket, Key=key, Body=data)
-
-    async def raw_delete(self, rsm: RemoteStorageManager, key: str) -> None:
-        await asyncio.to_thread(self.server.client().delete_object, Bucket=self.server.bucket, Key=key)
-
-    async def raw_read(self, rsm: RemoteStorageManager, key: str) -> bytes | None:
-        def read() -> bytes | None:
-            try:
-                return self.server.client().get_object(Bucket=self.server.bucket, Key=key)["Body"].read()
-            except ClientError as e:
-                if e.response["Error"]["Code"] == "NoSuchKey":
-                    return None
-                raise
-
-        return await asyncio.to_thread(read)
 
 
 async def test_every_request_to_the_store_is_reported(s3_server: S3Server, tmp_path: Path) -> None:
@@ -100,8 +53,7 @@ async def test_every_request_to_the_store_is_reported(s3_server: S3Server, tmp_p
 class TestS3RemoteStorageManagerEncrypted(EncryptedRemoteStorageManagerContract, TestS3RemoteStorageManager):
     @pytest_asyncio.fixture(loop_scope="function")
     async def rsm(self, s3_server: S3Server, keys: KeyRing) -> AsyncIterator[S3RemoteStorageManager]:
-        self.server = s3_server
-        async with manager(s3_server, keys=keys) as rsm:
+        async with self.manager_on(s3_server, keys=keys) as rsm:
             yield rsm
 
     def other_manager(self, rsm: RemoteStorageManager, keys: KeyRing) -> RemoteStorageManager:

@@ -13,9 +13,9 @@ from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.latency import LatencyRelay
 from testbed.s3proxy import S3ProxyServer
 
-from . import test_rsm_s3
-from .rsm_contract import make_segment, read_all
-from .test_rsm_s3 import manager
+from tests.helpers.s3 import S3Objects, manager
+
+from .rsm_contract import RemoteStorageManagerContract, make_segment, read_all
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,13 +26,12 @@ def s3proxy(tmp_path_factory) -> Iterator[S3ProxyServer]:
         yield server
 
 
-class TestS3RemoteStorageManagerOnS3Proxy(test_rsm_s3.TestS3RemoteStorageManager):
-    """The moto tests' contract and raw-object hooks, on S3Proxy."""
+class TestS3RemoteStorageManagerOnS3Proxy(S3Objects, RemoteStorageManagerContract):
+    """The contract and the raw-object hooks of the moto tests, on S3Proxy."""
 
     @pytest_asyncio.fixture(loop_scope="function")
     async def rsm(self, s3proxy: S3ProxyServer) -> AsyncIterator[S3RemoteStorageManager]:
-        self.server = s3proxy
-        async with manager(s3proxy) as rsm:
+        async with self.manager_on(s3proxy) as rsm:
             yield rsm
 
 

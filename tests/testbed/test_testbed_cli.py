@@ -13,18 +13,13 @@ import pytest
 from testbed import probe
 from testbed.jars import KAFKA_VERSION
 from testbed.processes import is_alive, pids_running
-
-
-def _testbed(state: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed", "--state", str(state), *args],
-                          capture_output=True, text=True, timeout=120)
+from tests.helpers.testbed_cli import run_testbed, up
 
 
 @pytest.mark.broker
 @pytest.mark.s3
 def test_up_status_down_leaves_no_processes(tmp_path: Path) -> None:
-    state_path = tmp_path / "state.json"
-    started = _testbed(state_path, "up", "--s3", "-c", "log.retention.ms=-1")
+    state_path, started = up(tmp_path, "--s3", "-c", "log.retention.ms=-1")
     try:
         assert started.returncode == 0, started.stderr
         state = json.loads(state_path.read_text())
@@ -36,32 +31,31 @@ def test_up_status_down_leaves_no_processes(tmp_path: Path) -> None:
         assert "log.retention.ms=-1" in (
             Path(state["workdir"]) / "kafka" / "node-0" / "server.properties").read_text()
 
-        again = _testbed(state_path, "up")
+        again = run_testbed(state_path, "up")
         assert again.returncode == 1 and "already up" in again.stderr
 
-        shown = _testbed(state_path, "status")
+        shown = run_testbed(state_path, "status")
         assert shown.returncode == 0, shown.stdout + shown.stderr
         report = json.loads(shown.stdout)
         assert report["kafka"]["brokers"][0]["alive"] is True
         assert report["kafka"]["brokers"][0]["answers_api_versions"] is True
         assert report["s3"]["alive"] is True and report["s3"]["answers_http"] is True
     finally:
-        stopped = _testbed(state_path, "down")
+        stopped = run_testbed(state_path, "down")
     assert stopped.returncode == 0, stopped.stderr
     pids = [broker["pid"], state["s3"]["pid"]]
     assert not any(is_alive(pid) for pid in pids)
     assert pids_running(str(tmp_path)) == []
     assert not state_path.exists() and not Path(state["workdir"]).exists()
 
-    after = _testbed(state_path, "status")
+    after = run_testbed(state_path, "status")
     assert after.returncode == 1 and "not up" in after.stdout
-    assert _testbed(state_path, "down").returncode == 0
+    assert run_testbed(state_path, "down").returncode == 0
 
 
 @pytest.mark.broker
 def test_status_reports_a_dead_broker(tmp_path: Path) -> None:
-    state_path = tmp_path / "state.json"
-    started = _testbed(state_path, "up")
+    state_path, started = up(tmp_path)
     assert started.returncode == 0, started.stderr
     try:
         [broker] = json.loads(state_path.read_text())["kafka"]["brokers"]
@@ -69,11 +63,11 @@ def test_status_reports_a_dead_broker(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while is_alive(broker["pid"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        shown = _testbed(state_path, "status")
+        shown = run_testbed(state_path, "status")
         assert shown.returncode == 1
         assert json.loads(shown.stdout)["kafka"]["brokers"][0]["alive"] is False
     finally:
-        assert _testbed(state_path, "down").returncode == 0
+        assert run_testbed(state_path, "down").returncode == 0
     assert pids_running(str(tmp_path)) == []
 
 

@@ -137,16 +137,16 @@ def test_three_brokers_form_one_cluster(kafka_cluster_3: KafkaCluster) -> None:
         topics.delete_all()
 
 
-@pytest.mark.broker
-def test_sasl_plain_with_authorizer(tmp_path) -> None:
-    with KafkaCluster(1, sasl_plain_users={"alice": "alice-secret"},
-                      workdir=tmp_path) as cluster:
-        assert probe.answers(*cluster.brokers[0][1:])  # ApiVersions needs no login
-        cluster.create_topic("guarded")
+def test_sasl_plain_with_authorizer(sasl_kafka: KafkaCluster) -> None:
+    cluster = sasl_kafka
+    assert probe.answers(*cluster.brokers[0][1:])  # ApiVersions needs no login
+    topics = Topics(cluster, "guarded")
+    try:
+        guarded = topics()
         outcomes: dict[str, KafkaError | None] = {}
         for user in ("admin", "alice"):
             producer = Producer({**cluster.client_config(user), "message.timeout.ms": 10_000})
-            producer.produce("guarded", b"v", on_delivery=lambda err, _msg, u=user:
+            producer.produce(guarded, b"v", on_delivery=lambda err, _msg, u=user:
                              outcomes.__setitem__(u, err))
             producer.flush(15)
         assert outcomes["admin"] is None
@@ -154,12 +154,14 @@ def test_sasl_plain_with_authorizer(tmp_path) -> None:
         assert outcomes["alice"].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
         listed = cluster.java_tool("org.apache.kafka.tools.GetOffsetShell",
                                    "--bootstrap-server", cluster.bootstrap_servers,
-                                   "--topic", "guarded",
+                                   "--topic", guarded,
                                    "--command-config", str(cluster.client_properties()))
         assert listed.returncode == 0, listed.stderr
-        assert listed.stdout.split() == ["guarded:0:1"]
-        assert len(pids_running(str(tmp_path))) == 1
-    assert pids_running(str(tmp_path)) == []
+        assert listed.stdout.split() == [f"{guarded}:0:1"]
+        # One broker, stopped with the cluster (the fixture checks that at the end of the run).
+        assert len(pids_running(str(cluster.workdir))) == 1
+    finally:
+        topics.delete_all()
 
 
 _CHILD = """

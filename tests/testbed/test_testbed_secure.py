@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from testbed import probe
 from testbed.fixtures import SECURE_USERS, Topics
 from testbed.kafka import SECURE_MECHANISMS, KafkaCluster
 from testbed.processes import is_alive, pids_running
+from tests.helpers.testbed_cli import run_testbed, up
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -220,15 +219,9 @@ def test_secure_arguments_are_checked() -> None:
         sasl._mechanism("SCRAM-SHA-256")
 
 
-def _testbed(state: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed", "--state", str(state), *args],
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.broker
 def test_cli_up_secure(tmp_path: Path) -> None:
-    state_path = tmp_path / "state.json"
-    started = _testbed(state_path, "up", "--secure", "--user", "carol=carol-secret")
+    state_path, started = up(tmp_path, "--secure", "--user", "carol=carol-secret")
     try:
         assert started.returncode == 0, started.stderr
         kafka = json.loads(started.stdout)["kafka"]
@@ -244,8 +237,8 @@ def test_cli_up_secure(tmp_path: Path) -> None:
         for config in (sasl, carol, kafka["tierproxy_properties"]["mtls"]):
             assert Producer(config).list_topics(timeout=10).brokers
     finally:
-        shown = _testbed(state_path, "status")
-        stopped = _testbed(state_path, "down")
+        shown = run_testbed(state_path, "status")
+        stopped = run_testbed(state_path, "down")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert json.loads(shown.stdout)["kafka"]["brokers"][0]["answers_api_versions"] is True
     assert stopped.returncode == 0, stopped.stderr

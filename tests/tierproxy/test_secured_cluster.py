@@ -61,16 +61,23 @@ def tierproxy(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(TIERPROXY), *args], env=SPARK_ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def produce(kafka: KafkaCluster, topic: str) -> list[tuple[int, bytes]]:
+def produce(kafka: KafkaCluster, topic: str) -> tuple[list[tuple[int, bytes]], int]:
+    """(partition, key) of every record sent, and the newest record's timestamp."""
     producer = Producer({**kafka.client_config(mechanism="SCRAM-SHA-512"), "linger.ms": 20})
-    sent, errors = [], []
+    sent, errors, timestamps = [], [], [0]
+
+    def delivered(error, message) -> None:
+        if error:
+            errors.append(error)
+        else:
+            timestamps.append(message.timestamp()[1])
+
     for i in range(RECORDS_PER_PARTITION * PARTITIONS):
         key = f"k{i:06d}".encode()
-        producer.produce(topic, key=key, value=key * 20, partition=i % PARTITIONS,
-                         on_delivery=lambda error, _: error and errors.append(error))
+        producer.produce(topic, key=key, value=key * 20, partition=i % PARTITIONS, on_delivery=delivered)
         sent.append((i % PARTITIONS, key))
     assert producer.flush(30) == 0 and not errors, errors[:3]
-    return sent
+    return sent, max(timestamps)
 
 
 @contextmanager
@@ -124,8 +131,9 @@ def one_line_error(done: subprocess.CompletedProcess, *names: str) -> str:
 @pytest.mark.timeout(600)
 def test_tier_status_serve_and_loadtest_with_nothing_plaintext(secure_kafka, secure_topic, tmp_path):
     name = secure_topic(partitions=PARTITIONS, config={"retention.ms": "-1"})
-    sent = produce(secure_kafka, name)
-    time.sleep(1.5)  # the newest remote segment is cut once it is segment.ms old
+    sent, newest_ms = produce(secure_kafka, name)
+    # The newest remote segment is cut once it is segment.ms (1 s) old.
+    time.sleep(max(0.0, newest_ms / 1000 + 1.5 - time.time()))
     values = tiering_properties(secure_kafka, tmp_path, name)
     properties = write_properties(tmp_path / "tierproxy.properties", values)
 

@@ -1,5 +1,6 @@
 """Remote partitions for tests: real v2 batches, Kafka's indexes, copied with a real
-RemoteStorageManager and committed (COPY_SEGMENT_FINISHED) in a real metadata store.
+RemoteStorageManager and committed (COPY_SEGMENT_FINISHED) in a real metadata store; and a
+RemoteLogReader over them with its caches.
 
 `Partition` also keeps the batches it wrote, so tests compute the expected answer of
 a read from the batches themselves, not from the code under test.
@@ -15,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.records import ControlType, iter_batches
+from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.reader import RemoteLogReader, RemoteReadResult
 from tierproxy.storage.indexes.producer_snapshot import ProducerState
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
@@ -27,6 +32,7 @@ from tests.helpers.batches import batch, control_batch
 
 
 BASE_TIMESTAMP_MS = 1_700_000_000_000
+CHUNK = 500  # a reader's chunk size: small, so that most reads cross chunk boundaries
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,17 @@ class CountingRSM:
 
 
 @contextlib.asynccontextmanager
+async def one_segment(directory: Path, *, batches: int = 20, delay_s: float = 0.0) -> AsyncIterator[
+        tuple[LocalRemoteStorageManager, Partition, RemoteLogSegmentMetadata, CountingRSM]]:
+    """(the store, the partition, its segment, a CountingRSM over the store whose reads take
+    `delay_s`): a partition of one remote segment of `batches` batches, in the local stores
+    under `directory`."""
+    async with local_remote_log(directory) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, directory / "work", segments=1, batches_per_segment=batches)
+        yield rsm, partition, partition.segments[0], CountingRSM(rsm, delay_s=delay_s)
+
+
+@contextlib.asynccontextmanager
 async def local_remote_log(directory: Path) -> AsyncIterator[tuple[LocalRemoteStorageManager, FileRemoteLogMetadataManager]]:
     """The local-file RemoteStorageManager and the file metadata store, under `directory`."""
     async with (
@@ -214,3 +231,39 @@ async def local_remote_log(directory: Path) -> AsyncIterator[tuple[LocalRemoteSt
         FileRemoteLogMetadataManager(directory / "metadata") as rlmm,
     ):
         yield rsm, rlmm
+
+
+def make_reader(
+    rsm,
+    rlmm,
+    *,
+    chunk_size: int = CHUNK,
+    chunk_cache_bytes: int = 1 << 20,
+    index_cache_bytes: int = 1 << 20,
+    read_ahead: int = 2,
+    metrics: RemoteMetrics | None = None,
+) -> RemoteLogReader:
+    metrics = metrics or RemoteMetrics()
+    return RemoteLogReader(
+        rsm,
+        rlmm,
+        RemoteIndexCache(rsm, max_bytes=index_cache_bytes, metrics=metrics.cache("index")),
+        ChunkCache(rsm, chunk_size=chunk_size, max_bytes=chunk_cache_bytes, read_ahead_chunks=read_ahead,
+                   metrics=metrics.cache("chunk")),
+        metrics,
+    )
+
+
+async def close(reader: RemoteLogReader) -> None:
+    await reader.close()
+
+
+def check(result: RemoteReadResult, partition: Partition, fetch_offset: int, max_bytes: int, min_one: bool) -> None:
+    expected = partition.expected(fetch_offset, max_bytes, min_one_batch=min_one)
+    data = b"".join(result.records)
+    assert data == b"".join(b.data for b in expected), (fetch_offset, max_bytes, min_one)
+    assert result.records_size == len(data)
+    assert not result.offset_out_of_range
+    assert result.log_start_offset == partition.log_start_offset
+    assert result.next_fetch_offset == (expected[-1].last_offset + 1 if expected else fetch_offset)
+    assert result.aborted_transactions is None
