@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Iterator
 
 from ..errors import MetadataNotReady
 from ..model import (
@@ -127,6 +128,12 @@ class RemoteLogMetadataManager(abc.ABC):
         """Kafka's `remoteLogSegmentMetadata(tp, epoch, offset)`: the COPY_SEGMENT_FINISHED segment
         holding `offset` in `leader_epoch`; with `epoch_chain`, only one within that lineage."""
         return self._ready_cache(tp).segment_for(tp, offset, leader_epoch, epoch_chain)
+
+    def segments_from(self, tp: TopicIdPartition, offset: int) -> Iterator[RemoteLogSegmentMetadata]:
+        """`list_segments(tp)` from the first segment ending at or after `offset`, found by bisection
+        (the segments holding `offset` first, then those after it): a reader that needs one
+        segment stops early. Iterate it at once (it raises RuntimeError if the partition changes)."""
+        return self._ready_cache(tp).segments_from(tp, offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         return self._ready_cache(tp).highest_offset_for_epoch(tp, leader_epoch)
