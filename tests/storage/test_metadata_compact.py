@@ -3,7 +3,8 @@
 The model keeps one RemoteLogSegmentMetadata per segment and, per leader epoch, a dict of
 referenced segments by start offset and a list of unreferenced ones, exactly as Kafka's
 `RemoteLogLeaderEpochState` does. Random sequences of records (legal and not, applied with
-checks or replayed) must give the same answers from both, before and after a compaction.
+checks or replayed) must give the same answers from both, before and after a compaction and
+a snapshot round trip.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tierproxy.storage.errors import IllegalStateTransition, RemoteLogMetadataEr
 from tierproxy.storage.metadata.cache import DuplicateSegment, RemoteLogMetadataCache, UnknownSegment
 from tierproxy.storage.metadata.lineage import epoch_end_offset, is_segment_within_lineage
 from tierproxy.storage.metadata.serde import RemoteLogTruncation
+from tierproxy.storage.metadata.snapshot import decode_partition, encode_partition, section_body
 from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -296,6 +298,14 @@ def assert_same(model, cache, *, every_question=True):
                 model.highest_offset_for_epoch(tp, e) for e in EPOCHS], tp
 
 
+def round_trip(cache):
+    """The cache as a restart would load it from its snapshot sections."""
+    restored = RemoteLogMetadataCache()
+    for state in cache.partition_states():
+        restored.install(decode_partition(section_body(encode_partition(state))))
+    return restored
+
+
 @contextlib.contextmanager
 def quiet_replay():
     """Replay logs every record it drops; hundreds of them would only slow the test down."""
@@ -334,6 +344,7 @@ def run_against_the_model(ops):
         if expected is None:
             model.apply(record)
         assert_same(model, cache, every_question=step % 4 == 3)
+    assert_same(model, round_trip(cache))
     for state in cache.partition_states():
         state.compact()
     assert_same(model, cache)
