@@ -242,17 +242,18 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
         if read_entries(self.path, LogPosition(), chunk=4096)[1].first_crc != at.first_crc:
             raise MetadataDecodeError("it was taken of a log with another first entry")
 
+    def _replay(self, records: list[RemoteLogMetadata], at: LogPosition) -> int:
+        for record in records:
+            self._cache.replay(record)
+        self._at = at
+        return len(records)
+
     def _replay_tail(self) -> int:
         """In a thread before start: replays the log after `_at`; returns how many records."""
         count = 0
-        while True:
-            records, at = read_entries(self.path, self._at)
-            if not records:
-                return count
-            for record in records:
-                self._cache.replay(record)
-            self._at = at
-            count += len(records)
+        while (chunk := read_entries(self.path, self._at))[0]:
+            count += self._replay(*chunk)
+        return count
 
     def _cut_torn_tail(self) -> None:
         """Under the lock, at the end of the valid entries: whoever left a torn tail is gone."""
@@ -307,14 +308,9 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
     async def _follow(self) -> int:
         """Replays the log after `_at`: read in a thread, applied here a chunk at a time."""
         count = 0
-        while True:
-            records, at = await asyncio.to_thread(read_entries, self.path, self._at)
-            if not records:
-                return count
-            for record in records:
-                self._cache.replay(record)
-            self._at = at
-            count += len(records)
+        while (chunk := await asyncio.to_thread(read_entries, self.path, self._at))[0]:
+            count += self._replay(*chunk)
+        return count
 
     # ------------------------------------------------------------------ writes
 
