@@ -172,7 +172,7 @@ class LeaderEpochIndex:
     @classmethod
     def from_arrays(cls, arrays: Sequence[array], rows: int) -> LeaderEpochIndex:
         """The inverse of `arrays`; raises ValueError on arrays that cannot be an index of `rows` rows."""
-        index = cls()
+        index = cls.__new__(cls)
         index.keys, index.lo, index.highest, index.ref_start, index.ref_row, index.unref = arrays
         n = len(index.ref_start)
         if len(index.lo) != len(index.keys) or len(index.highest) != len(index.keys) or len(index.ref_row) != n:

@@ -72,12 +72,16 @@ class PartitionState:
     __slots__ = ("tp", "rows", "segment_epochs", "by_id", "epochs", "delete_metadata", "holes",
                  "stale_epochs", "version", "_order", "_reach", "_log_start", "_log_end")
 
-    def __init__(self, tp: TopicIdPartition) -> None:
+    def __init__(
+        self, tp: TopicIdPartition, rows: bytearray | None = None, segment_epochs: array | None = None,
+        by_id: array | None = None, epochs: LeaderEpochIndex | None = None,
+    ) -> None:
         self.tp = tp
-        self.rows = bytearray()
-        self.segment_epochs = array("q")  # (leader epoch, start offset) pairs of every row
-        self.by_id = array("i")
-        self.epochs = LeaderEpochIndex()
+        self.rows = bytearray() if rows is None else rows
+        # (leader epoch, start offset) pairs of every row
+        self.segment_epochs = array("q") if segment_epochs is None else segment_epochs
+        self.by_id = array("i") if by_id is None else by_id
+        self.epochs = LeaderEpochIndex() if epochs is None else epochs
         self.delete_metadata: RemotePartitionDeleteMetadata | None = None
         self.holes = 0  # forgotten rows
         self.stale_epochs = 0  # pairs in segment_epochs no row points at any more
@@ -336,23 +340,28 @@ class PartitionState:
     def from_arrays(cls, tp: TopicIdPartition, arrays: Sequence[array]) -> PartitionState:
         """Raises ValueError on arrays that are not a consistent state."""
         rows, segment_epochs, by_id, *epochs = arrays
-        p = cls(tp)
         if len(rows) % ROW_SIZE:
             raise ValueError(f"{len(rows)} bytes of rows are not whole rows of {ROW_SIZE}")
-        p.rows = bytearray(rows)
-        count = len(p.rows) // ROW_SIZE
-        p.segment_epochs = segment_epochs
-        p.by_id = by_id
+        count = len(rows) // ROW_SIZE
         if len(by_id) != count or sorted(by_id) != list(range(count)):
             raise ValueError("the id index is not a permutation of the rows")
-        if _FORGOTTEN in p.rows[_STATE_AT::ROW_SIZE]:
+        if _FORGOTTEN in rows[_STATE_AT::ROW_SIZE]:
             raise ValueError("a snapshot row is DELETE_SEGMENT_FINISHED")
         # Compacted rows point at consecutive pairs: the last one ends where the pairs do.
-        last = sum(_EPOCHS.unpack_from(p.rows, (count - 1) * ROW_SIZE + _EPOCHS_AT)) if count else 0
+        last = sum(_EPOCHS.unpack_from(rows, (count - 1) * ROW_SIZE + _EPOCHS_AT)) if count else 0
         if 2 * last != len(segment_epochs):
             raise ValueError("the rows and their leader epochs disagree")
-        p.epochs = LeaderEpochIndex.from_arrays(epochs, count)
-        return p
+        return cls(tp, _with_room(rows), segment_epochs, by_id, LeaderEpochIndex.from_arrays(epochs, count))
+
+
+def _with_room(data: array) -> bytearray:
+    """A copy of `data` with room to grow by an eighth, as appending would give it. Appending to
+    an exact-size copy would move it, and the holes that 10,000 partitions leave behind at a
+    restart (one per partition, none reusable: every later buffer is larger) stay resident."""
+    rows = bytearray(len(data) + max(len(data) // 8, 4 * ROW_SIZE))
+    rows[:len(data)] = data
+    del rows[len(data):]  # keeps the allocation (bytearray shrinks in place by less than half)
+    return rows
 
 
 ARRAY_TYPECODES = ("B", "q", "i", *(a.typecode for a in LeaderEpochIndex().arrays()))
