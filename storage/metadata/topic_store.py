@@ -83,6 +83,8 @@ LEGACY_FLAT_FILE_MAGIC = 0
 FLAT_FILE_SUFFIX = ".metadata"
 PERSIST_EVERY_RECORDS = 200_000
 PERSIST_EVERY_S = 30.0
+_MAX_RECORDS_PER_BATCH = 10_000  # records made into objects at once while catching up
+_WRITE_GROUP_BYTES = 16 << 20
 COMMITTED_OFFSETS_FILE = "committed_offsets"
 _HEADER = struct.Struct(">b16sq")
 _TOPIC_ALREADY_EXISTS = 36
@@ -343,7 +345,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         assert self._consumer is not None
         try:
             while True:
-                batches = await self._consumer.getmany(timeout_ms=200)
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=_MAX_RECORDS_PER_BATCH)
                 if batches:
                     await self._apply_batches(batches)
                 await self._check_caught_up()
@@ -411,26 +413,38 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                 self._persisting = None
 
     async def _write_files(self) -> None:
+        # Encoded here (the consumer, which alone changes the cache, waits for this), written in
+        # a thread a group at a time: not every partition's file in memory at once.
         touched, self._unpersisted, self._unpersisted_records = self._unpersisted, {}, 0
         committed = dict(self._applied)
-        files = {}
+        group: dict[TopicIdPartition, bytes] = {}
+        size = 0
         for tp, p in touched.items():
             state = self._cache.partition_state(tp)
-            if state is not None:
-                files[tp] = encode_flat_file(state, committed[p])
-        await asyncio.to_thread(self._write_files_and_offsets, files, committed)
+            if state is None:
+                continue
+            group[tp] = data = encode_flat_file(state, committed[p])
+            size += len(data)
+            if size >= _WRITE_GROUP_BYTES:
+                await asyncio.to_thread(self._write_flat_files, group)
+                group, size = {}, 0
+        await asyncio.to_thread(self._write_flat_files, group, committed)
         for tp, p in touched.items():
             self._file_offsets[tp] = committed[p]
         self._committed = committed
         self._persisted_at = asyncio.get_running_loop().time()
 
-    def _write_files_and_offsets(self, files: Mapping[TopicIdPartition, bytes], committed: Mapping[int, int]) -> None:
-        # One directory fsync for all the renames.
+    def _write_flat_files(self, files: Mapping[TopicIdPartition, bytes], committed: Mapping[int, int] | None = None
+                          ) -> None:
+        """With `committed`, the last group: then the committed offsets, and one directory fsync
+        for all the renames (a crash before it may leave a flat file newer than the offsets,
+        which a restart handles)."""
         for tp, data in files.items():
             write_atomically(self.directory / flat_file_name(tp), data, sync_directory=False)
-        write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode(),
-                         sync_directory=False)
-        fsync_directory(self.directory)
+        if committed is not None:
+            write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode(),
+                             sync_directory=False)
+            fsync_directory(self.directory)
 
     async def _check_caught_up(self) -> None:
         # A partition whose last records were not data (or were skipped) is caught up by position.
