@@ -38,6 +38,9 @@ Processes, all through an exclusive `flock` on `<directory>/remote_log_metadata.
   truncate, and `refresh()` picks up entries appended since the last read (a half-written
   tail is left for the next refresh).
 
+An instance for some `partitions` only (a copy task's) skips the others' snapshot sections
+and records, and never writes a snapshot.
+
 Once started, the cache changes only on the event loop's thread (files are read in threads),
 so lookups never see half of a change.
 """
@@ -49,6 +52,7 @@ import fcntl
 import logging
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import crc32c
@@ -58,7 +62,15 @@ from ..files import fsync_directory
 from ..model import TopicIdPartition
 from . import RemoteLogMetadataManager
 from .cache import RemoteLogMetadataCache
-from .serde import MetadataDecodeError, RemoteLogMetadata, deserialize, read_uvarint, serialize, uvarint_bytes
+from .serde import (
+    MetadataDecodeError,
+    RemoteLogMetadata,
+    deserialize,
+    read_uvarint,
+    serialize,
+    topic_id_partition_of,
+    uvarint_bytes,
+)
 from .snapshot import LogPosition, read_snapshot_header, read_snapshot_partitions, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -150,8 +162,9 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
     def __init__(
         self, directory: str | os.PathLike[str], *, read_only: bool = False, shared: bool = False,
         snapshot_interval_bytes: int = DEFAULT_SNAPSHOT_INTERVAL_BYTES,
+        partitions: Iterable[TopicIdPartition] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(partitions)
         if read_only and shared:
             raise ValueError("a read-only metadata manager takes no lock: read_only and shared exclude each other")
         self.directory = Path(directory)
@@ -220,7 +233,7 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
             try:
                 at, count = read_snapshot_header(f)
                 self._check_snapshot_matches_log(at)
-                for state in read_snapshot_partitions(f, count):
+                for state in read_snapshot_partitions(f, count, None if self.scope is None else self.in_scope):
                     cache.install(state)
             except (MetadataDecodeError, OSError) as exc:
                 log.warning("%s is not usable (%s): replaying %s from its start instead",
@@ -244,7 +257,8 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     def _replay(self, records: list[RemoteLogMetadata], at: LogPosition) -> int:
         for record in records:
-            self._cache.replay(record)
+            if self.in_scope(topic_id_partition_of(record)):
+                self._cache.replay(record)
         self._at = at
         return len(records)
 
@@ -268,7 +282,8 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
     # ------------------------------------------------------------------ snapshots
 
     def _snapshot_due(self) -> bool:
-        return self._at.position - self._snapshot_at.position >= self.snapshot_interval_bytes
+        # An instance that keeps some partitions only cannot write a snapshot of them all.
+        return self.scope is None and self._at.position - self._snapshot_at.position >= self.snapshot_interval_bytes
 
     def _write_snapshot(self) -> None:
         """Writes the snapshot as of `_at` unless one as new is there. In a thread while no
@@ -321,9 +336,9 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise MetadataNotReady(f"{self.path} is not open (start() not called, or closed)")
         # Once begun, a write runs to its end even if the caller is cancelled: an entry in the
         # file but not in memory, or a file lock never released, is worse than a late return.
-        await asyncio.shield(self._write(record))
+        await asyncio.shield(self._append_record(record))
 
-    async def _write(self, record: RemoteLogMetadata) -> None:
+    async def _append_record(self, record: RemoteLogMetadata) -> None:
         # The lock spans the append so records reach the file in the order they were checked.
         async with self._write_lock:
             entry, crc = _checked_entry(serialize(record))
@@ -362,6 +377,7 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
         return self._started.is_set() and not self._closed
 
     async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        self._check_scope(tp)
         try:
             await asyncio.wait_for(self._started.wait(), timeout)
         except TimeoutError:

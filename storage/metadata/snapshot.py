@@ -27,7 +27,7 @@ import struct
 import sys
 import uuid
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -85,18 +85,28 @@ class TopicIds:
         return TopicIdPartition(known[0], known[1], partition)
 
 
-def decode_partition(body: bytes | memoryview, topic_ids: TopicIds | None = None) -> PartitionState:
-    """One section's body (its CRC already checked)."""
+def partition_of(body: bytes | memoryview, topic_ids: TopicIds | None = None) -> TopicIdPartition:
+    """The partition a section's body holds, without decoding the rest."""
     view = memoryview(body)
     if len(view) < _PARTITION.size:
         raise MetadataDecodeError(f"partition snapshot of {len(view)} bytes is shorter than its header")
-    topic_id, partition, name_length, delete_state, delete_timestamp, delete_epoch, *lengths = \
-        _PARTITION.unpack_from(view)
+    topic_id, partition, name_length, *_ = _PARTITION.unpack_from(view)
+    try:
+        name = bytes(view[_PARTITION.size:_PARTITION.size + name_length])
+        return (topic_ids or TopicIds()).topic_id_partition(topic_id, name, partition)
+    except UnicodeDecodeError as exc:
+        raise MetadataDecodeError(f"partition snapshot names no topic: {exc}") from exc
+
+
+def decode_partition(body: bytes | memoryview, topic_ids: TopicIds | None = None) -> PartitionState:
+    """One section's body (its CRC already checked)."""
+    view = memoryview(body)
+    tp = partition_of(view, topic_ids)
+    _, _, name_length, delete_state, delete_timestamp, delete_epoch, *lengths = _PARTITION.unpack_from(view)
     pos = _PARTITION.size + name_length
     if pos + sum(lengths) != len(view):
         raise MetadataDecodeError(f"partition snapshot of {len(view)} bytes does not hold its {pos + sum(lengths)}")
     try:
-        tp = (topic_ids or TopicIds()).topic_id_partition(topic_id, bytes(view[_PARTITION.size:pos]), partition)
         arrays = []
         for typecode, length in zip(ARRAY_TYPECODES, lengths):
             a = array(typecode)
@@ -107,7 +117,7 @@ def decode_partition(body: bytes | memoryview, topic_ids: TopicIds | None = None
         if delete_state != _NO_DELETE_STATE:
             p.delete_metadata = RemotePartitionDeleteMetadata(
                 tp, RemotePartitionDeleteState(delete_state), delete_timestamp, delete_epoch)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise MetadataDecodeError(f"partition snapshot does not decode: {exc}") from exc
     return p
 
@@ -179,13 +189,17 @@ def read_snapshot_header(f: BinaryIO) -> tuple[LogPosition, int]:
     return LogPosition(position, last_entry, last_crc, first_crc), count
 
 
-def read_snapshot_partitions(f: BinaryIO, count: int) -> Iterator[PartitionState]:
-    """The `count` partitions after the header, one section in memory at a time."""
+def read_snapshot_partitions(
+    f: BinaryIO, count: int, keep: Callable[[TopicIdPartition], bool] | None = None
+) -> Iterator[PartitionState]:
+    """The `count` partitions after the header (those `keep` says, if given), one section in
+    memory at a time."""
     topic_ids = TopicIds()
     for _ in range(count):
         body = read_section(f)
         if body is None:
             raise MetadataDecodeError(f"snapshot ends before its {count} partitions")
-        yield decode_partition(body, topic_ids)
+        if keep is None or keep(partition_of(body, topic_ids)):
+            yield decode_partition(body, topic_ids)
     if f.read(1):
         raise MetadataDecodeError("bytes after the last partition of the snapshot")

@@ -39,6 +39,8 @@ After Kafka's `TopicBasedRemoteLogMetadataManager` and seed 003:
 - A partition is ready once its metadata partition was read up to the end offset seen at start.
 - `read_only=True` (the proxy, `tierproxy status`): no producer and no CreateTopics; a
   missing topic is an error naming the command that creates it.
+- `partitions=` (a copy task's): only the metadata partitions holding those user partitions
+  are read, and only their records kept.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import os
 import struct
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +190,9 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         publish_timeout: float = 30.0,
         client_config: Mapping[str, Any] | None = None,
         read_only: bool = False,
+        partitions: Iterable[TopicIdPartition] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(partitions)
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, not {num_partitions}")
         self.bootstrap_servers = bootstrap_servers
@@ -214,7 +217,10 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._persisted_at = 0.0  # loop time
         self._persisting: asyncio.Task[None] | None = None
         self._catch_up_to: dict[int, int] = {}  # metadata partition -> end offset seen at start
-        self._ready: dict[int, asyncio.Event] = {p: asyncio.Event() for p in range(num_partitions)}
+        # The metadata partitions read: all, or those of the partitions this manager keeps.
+        read = range(num_partitions) if self.scope is None else {metadata_partition(tp, num_partitions)
+                                                                  for tp in self.scope}
+        self._ready: dict[int, asyncio.Event] = {p: asyncio.Event() for p in sorted(read)}
         self._waiters: dict[int, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self._dropped: dict[tuple[int, int], str] = {}  # (partition, offset) of records replay refused
         self._failure: BaseException | None = None
@@ -243,7 +249,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             if self._producer is not None:
                 await self._producer.start()
             await self._consumer.start()
-            partitions = [TopicPartition(self.topic, p) for p in range(self.num_partitions)]
+            partitions = [TopicPartition(self.topic, p) for p in self._ready]
             self._consumer.assign(partitions)
             unread = [ktp for ktp in partitions if ktp.partition not in self._committed]
             if unread:
@@ -271,6 +277,8 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                 tp = topic_id_partition_of_file(path.name)
             except ValueError:
                 log.warning("%s is not named after a partition: ignored", path)
+                continue
+            if not self.in_scope(tp):
                 continue
             try:
                 offset, state = decode_flat_file(path.read_bytes(), tp, topic_ids)
@@ -375,8 +383,8 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                     log.warning("%s-%d offset %d: %s", self.topic, p, message.offset, exc)
                     continue
                 tp = topic_id_partition_of(record)
-                if message.offset <= self._file_offsets.get(tp, -1):
-                    continue  # already in its flat file
+                if message.offset <= self._file_offsets.get(tp, -1) or not self.in_scope(tp):
+                    continue  # already in its flat file, or not kept here
                 if not self._cache.replay(record):
                     self._dropped[(p, message.offset)] = f"{record} breaks the remote log rules"
                 self._unpersisted[tp] = p
@@ -517,6 +525,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         return self._ready[self.metadata_partition(tp)].is_set()
 
     async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        self._check_scope(tp)
         try:
             await asyncio.wait_for(self._ready[self.metadata_partition(tp)].wait(), timeout)
         except TimeoutError:

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from tierproxy.storage.errors import RemoteLogMetadataError
 from tierproxy.storage.metadata.file_store import (
     LOG_FILE_NAME,
     SNAPSHOT_FILE_NAME,
@@ -48,10 +49,10 @@ async def tier(rlmm, tp, start, end, epoch=0):
     return m
 
 
-def state_of(rlmm):
+def state_of(rlmm, tps=TPS):
     return {tp: (rlmm.list_segments(tp), rlmm.partition_delete_state(tp), rlmm.log_start_offset(tp),
                  rlmm.log_end_offset(tp), rlmm.segment_for(tp, 150, 1), rlmm.highest_offset_for_epoch(tp, 0))
-            for tp in TPS}
+            for tp in tps}
 
 
 async def history(rlmm):
@@ -192,3 +193,26 @@ def test_the_log_is_read_a_chunk_at_a_time(tmp_path):
     assert read == records and calls > len(records) // 4
     assert at.position == sum(map(len, entries))
     assert at.last_entry == at.position - len(entries[-1])
+
+
+async def test_a_manager_for_some_partitions_keeps_only_theirs_and_writes_no_snapshot(tmp_path):
+    async with FileRemoteLogMetadataManager(tmp_path, snapshot_interval_bytes=ALWAYS) as writer:
+        await history(writer)
+    async with FileRemoteLogMetadataManager(tmp_path, snapshot_interval_bytes=NEVER) as writer:
+        await tier(writer, TPS[0], 300, 399, epoch=1)  # after the snapshot
+        await tier(writer, TPS[1], 250, 349, epoch=2)
+        expected = state_of(writer)
+    snapshot = (tmp_path / SNAPSHOT_FILE_NAME).read_bytes()
+    async with FileRemoteLogMetadataManager(tmp_path, shared=True, partitions=[TPS[0]],
+                                            snapshot_interval_bytes=ALWAYS) as task:
+        assert task.partitions() == [TPS[0]]
+        assert state_of(task, [TPS[0]]) == {TPS[0]: expected[TPS[0]]}
+        with pytest.raises(RemoteLogMetadataError, match="keeps only"):
+            task.list_segments(TPS[1])
+        with pytest.raises(RemoteLogMetadataError, match="keeps only"):
+            await task.add_remote_log_segment_metadata(segment(TPS[1], 400, 499))
+        added = await tier(task, TPS[0], 400, 499, epoch=1)
+    assert (tmp_path / SNAPSHOT_FILE_NAME).read_bytes() == snapshot  # it knows too little to write one
+    reader = await loaded(tmp_path)
+    assert reader.segment_for(TPS[0], 450, 1).segment_id == added.segment_id
+    assert state_of(reader, TPS[1:]) == {tp: expected[tp] for tp in TPS[1:]}

@@ -266,3 +266,32 @@ async def test_a_flat_file_that_does_not_load_is_rebuilt_from_the_topic(bootstra
             assert state_of(third, tps) == expected
         finally:
             await third.close()
+
+
+async def test_a_manager_for_some_partitions_reads_only_their_metadata_partition(bootstrap_servers, metadata_topic,
+                                                                                 tmp_path):
+    mine = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    others = []
+    while len({metadata_partition(tp, 3) for tp in others} - {metadata_partition(mine, 3)}) < 1 or len(others) < 4:
+        others.append(TopicIdPartition(uuid.uuid4(), "orders", len(others) + 1))
+    tps = [mine, *others]
+    kwargs = dict(topic=metadata_topic, num_partitions=3)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "all", **kwargs) as writer:
+        for tp in tps:
+            m = segment(tp, 0, 99)
+            await writer.add_remote_log_segment_metadata(m)
+            await writer.update_remote_log_segment_metadata(
+                RemoteLogSegmentMetadataUpdate(m.segment_id, 3, S.COPY_SEGMENT_FINISHED, 0))
+        expected = state_of(writer, tps)
+    sharing = sum(metadata_partition(tp, 3) == metadata_partition(mine, 3) for tp in tps)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "task", partitions=[mine],
+                                             **kwargs) as task:
+        await task.wait_until_ready(mine, timeout=20)
+        assert task.records_fetched == 2 * sharing < 2 * len(tps)
+        assert task.partitions() == [mine]
+        assert state_of(task, [mine]) == {mine: expected[mine]}
+        with pytest.raises(RemoteLogMetadataError, match="keeps only"):
+            task.list_segments(others[0])
+        m = segment(mine, 100, 199)
+        await task.add_remote_log_segment_metadata(m)
+        assert task.list_segments(mine)[-1] == m
