@@ -8,10 +8,10 @@ Two backends share one in-memory cache (`cache.py`) and one record format (`serd
   `__remote_log_metadata` topic, materialized per user partition into local flat files.
 
 Writes are async and return once the record is durable in the backend and visible to
-this manager's own reads. A manager made for some partitions only (`partitions=`, a copy
-task's) keeps only their metadata: a start costs what they hold, not the whole store. Reads are synchronous lookups in memory; they raise
+this manager's own reads. Reads are synchronous lookups in memory; they raise
 MetadataNotReady while the partition's metadata is still loading (Kafka answers
-REPLICA_NOT_AVAILABLE then).
+REPLICA_NOT_AVAILABLE then). A manager made for some partitions only (`partitions=`, a
+copy task's) keeps only their metadata: a start costs what they hold, not the whole store.
 """
 
 from __future__ import annotations

@@ -207,9 +207,6 @@ class Model:
         state = self.partitions.get(tp, _Partition()).epochs.get(epoch)
         return state.highest if state is not None else None
 
-    def finished(self, tp):
-        return [m for m in self.list_segments(tp) if m.state == S.COPY_SEGMENT_FINISHED]
-
     def delete_state(self, tp):
         d = self.partitions.get(tp, _Partition()).delete
         return d.state if d is not None else None
@@ -218,7 +215,7 @@ class Model:
 def answers(cache, tp):
     """Every question the read side and the pipeline ask, for one partition."""
     model = isinstance(cache, Model)
-    finished = cache.finished(tp) if model else [m for m in cache.list_segments(tp) if m.state == S.COPY_SEGMENT_FINISHED]
+    finished = [m for m in cache.list_segments(tp) if m.state == S.COPY_SEGMENT_FINISHED]
     listed = cache.list_segments(tp)
     return {
         "list": listed,
