@@ -337,8 +337,10 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                 await self._consume_task
             self._consume_task = None
         # What was read and not yet written to the flat files (a start stopped while catching up).
-        with contextlib.suppress(Exception):
+        try:
             await self._persist()
+        except Exception:  # noqa: BLE001 - the next start reads those records again
+            log.warning("writing the flat files of %s at close failed", self.topic, exc_info=True)
         for client in (self._consumer, self._producer):
             if client is not None:
                 await client.stop()
