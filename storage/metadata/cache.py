@@ -32,6 +32,7 @@ the one added first comes first.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 
 from ..errors import IllegalStateTransition, RemoteLogMetadataError
@@ -79,10 +80,14 @@ class RemoteLogMetadataCache:
 
     def __init__(self) -> None:
         self._partitions: dict[TopicIdPartition, PartitionState] = {}
+        # One topic id and name object per topic, not one per partition (each record decodes its own).
+        self._topics: dict[tuple[uuid.UUID, str], tuple[uuid.UUID, str]] = {}
 
     def _partition(self, tp: TopicIdPartition) -> PartitionState:
         p = self._partitions.get(tp)
         if p is None:
+            topic_id, topic = self._topics.setdefault((tp.topic_id, tp.topic), (tp.topic_id, tp.topic))
+            tp = TopicIdPartition(topic_id, topic, tp.partition)
             p = self._partitions[tp] = PartitionState(tp)
         return p
 

@@ -87,7 +87,7 @@ class PartitionState:
         self.stale_epochs = 0  # pairs in segment_epochs no row points at any more
         self.version = next(_versions)
         self._order: array | None = None
-        self._reach = array("q")
+        self._reach: array | None = None  # made with _order
         self._log_start: object = _UNKNOWN
         self._log_end: object = _UNKNOWN
 
@@ -179,10 +179,11 @@ class PartitionState:
         row = len(self.rows) // ROW_SIZE
         self.rows += self._pack(m)
         self.by_id.insert(bisect.bisect_left(self.by_id, m.segment_id.id.bytes, key=self._id_of), row)
-        order = self._order
-        if order is not None and (not order or self.offsets(order[-1]) <= (m.start_offset, m.end_offset)):
+        order, reach = self._order, self._reach
+        if order is not None and reach is not None and (
+                not order or self.offsets(order[-1]) <= (m.start_offset, m.end_offset)):
             order.append(row)  # the usual case: the log grows at its end
-            self._reach.append(max(m.end_offset, self._reach[-1]) if self._reach else m.end_offset)
+            reach.append(max(m.end_offset, reach[-1]) if reach else m.end_offset)
         else:
             self._order = None
         self._register(row)
@@ -293,7 +294,7 @@ class PartitionState:
 
     def _ordered(self) -> tuple[array, array]:
         """Rows by (start offset, end offset, row), and the running maximum of their end offsets."""
-        if self._order is None:
+        if self._order is None or self._reach is None:
             keyed = sorted((*self.offsets(row), row) for row in self.live_rows())
             self._order = array("i", [row for _, _, row in keyed])
             self._reach = array("q", itertools.accumulate((end for _, end, _ in keyed), max))
