@@ -25,7 +25,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from tierproxy.storage.factory import remote_log_metadata_manager, remote_storag
 from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, segment_file_name
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
-from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata
+from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.quota import RateQuota
 from tierproxy.storage.rsm import RemoteStorageManager
 from tierproxy.storage.segment_copy import copy_segment
@@ -82,8 +82,11 @@ class CopyResult:
         return [deserialize(s) for s in self.segments]  # type: ignore[misc]
 
 
-def metadata_manager(config: Config, *, in_task: bool = False, scratch_dir: str | None = None) -> RemoteLogMetadataManager:
-    """The pipeline's metadata manager (not started).
+def metadata_manager(
+    config: Config, *, in_task: bool = False, scratch_dir: str | None = None,
+    partitions: Iterable[TopicIdPartition] | None = None,
+) -> RemoteLogMetadataManager:
+    """The pipeline's metadata manager (not started); a task's keeps only its `partitions`.
 
     File backend: a shared writer (the driver and its tasks append to one file at once, each
     append under the file's flock), so driver and executors must share that file system.
@@ -91,12 +94,12 @@ def metadata_manager(config: Config, *, in_task: bool = False, scratch_dir: str 
     instead of the driver's.
     """
     if config[REMOTE_LOG_METADATA_BACKEND] == "file":
-        return remote_log_metadata_manager(config, shared=True)
+        return remote_log_metadata_manager(config, shared=True, partitions=partitions)
     if in_task:
         if scratch_dir is None:
             raise ValueError("a task's topic-backed metadata manager needs a scratch directory")
         config = config.with_overrides({"remote.log.metadata.dir": scratch_dir})
-    return remote_log_metadata_manager(config)
+    return remote_log_metadata_manager(config, partitions=partitions)
 
 
 class _SegmentWriter:
@@ -277,7 +280,8 @@ async def run_copy(config: Config, plan: PartitionPlan, *, attempt: int = 0,
         if fail_after and attempt == 0:
             _inject_failure(rsm, fail_after)
         async with Cluster.from_config(config) as cluster, rsm, \
-                metadata_manager(config, in_task=True, scratch_dir=str(scratch / "metadata")) as rlmm:
+                metadata_manager(config, in_task=True, scratch_dir=str(scratch / "metadata"),
+                                 partitions=[plan.topic_id_partition]) as rlmm:
             result = await copy_partition(config, plan, cluster=cluster, rsm=rsm, rlmm=rlmm, work_dir=scratch,
                                           quota=quota)
         result.attempt = attempt

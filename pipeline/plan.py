@@ -18,6 +18,7 @@ by its own retention (local retention equals retention then, as Kafka requires) 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -130,7 +131,10 @@ async def plan_pass(
 
 
 def _previous_segment(rlmm: RemoteLogMetadataManager, tip: TopicIdPartition, start: int) -> bytes | None:
-    for m in reversed(rlmm.list_segments(tip)):
+    """The last (by start offset) FINISHED segment ending at start - 1: among those holding that
+    offset, which the metadata finds by bisection."""
+    previous = None
+    for m in itertools.takewhile(lambda m: m.start_offset < start, rlmm.segments_from(tip, start - 1)):
         if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and m.end_offset == start - 1:
-            return serialize(m)
-    return None
+            previous = m
+    return serialize(previous) if previous is not None else None

@@ -13,6 +13,7 @@ later epochs out.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from cachetools import LRUCache
@@ -54,10 +55,8 @@ class RemoteLogSegments:
             found = self._confirmed(tp, last, offset, leader_epoch)
             if found is not None:
                 return found
-        candidates = [
-            m for m in self.rlmm.list_segments(tp)
-            if m.state == _FINISHED and m.start_offset <= offset <= m.end_offset
-        ]
+        holding = itertools.takewhile(lambda m: m.start_offset <= offset, self.rlmm.segments_from(tp, offset))
+        candidates = [m for m in holding if m.state == _FINISHED]
         # Newest lineage first: after an unclean election the later epoch's copy wins.
         candidates.sort(key=lambda m: epoch_at(m, offset), reverse=True)
         for candidate in candidates:
@@ -95,7 +94,7 @@ class RemoteLogSegments:
     def _first_after(
         self, tp: TopicIdPartition, offset: int, leader_epoch: int
     ) -> tuple[RemoteLogSegmentMetadata, int] | None:
-        for m in self.rlmm.list_segments(tp):  # by start offset
+        for m in self.rlmm.segments_from(tp, offset + 1):  # by start offset
             if m.state == _FINISHED and m.start_offset > offset:
                 found = self._confirmed(tp, m, m.start_offset, leader_epoch)
                 if found is not None:

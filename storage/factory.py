@@ -6,13 +6,14 @@ one). The topic backend reaches the cluster with the configured security (client
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tierproxy.client.security import aiokafka_options
 
 from .encryption import KeyRing
 from .metadata import RemoteLogMetadataManager
+from .model import TopicIdPartition
 from .rsm import RemoteStorageManager
 from tierproxy.config import BOOTSTRAP_SERVERS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR, REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS, REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR, REMOTE_LOG_STORAGE_BACKEND, REMOTE_LOG_STORAGE_KEY_PREFIX, REMOTE_LOG_STORAGE_LOCAL_DIR, REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID, REMOTE_LOG_STORAGE_S3_BUCKET, REMOTE_LOG_STORAGE_S3_ENDPOINT_URL, REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS, REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS, REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES, REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES, REMOTE_LOG_STORAGE_S3_REGION, REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS, REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY, REMOTE_LOG_STORAGE_S3_SSE, REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID
 
@@ -53,21 +54,23 @@ def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageMana
 
 
 def remote_log_metadata_manager(
-    config: Mapping[str, Any] | Any, *, read_only: bool = False, shared: bool = False
+    config: Mapping[str, Any] | Any, *, read_only: bool = False, shared: bool = False,
+    partitions: Iterable[TopicIdPartition] | None = None,
 ) -> RemoteLogMetadataManager:
     """Not started yet: `async with` it, or call `start()`.
 
     `read_only` is for readers such as the proxy, which never write metadata: the file
     backend takes no writer's lock, the topic backend creates no topic and no producer.
     File backend: `shared` for several writers at once (the pipeline's driver and
-    tasks), each append under the file's lock.
+    tasks), each append under the file's lock. `partitions`: keep only those partitions'
+    metadata (a copy task's), loading only what they need.
     """
     backend = config[REMOTE_LOG_METADATA_BACKEND]
     directory = config[REMOTE_LOG_METADATA_DIR]
     if backend == "file":
         from .metadata.file_store import FileRemoteLogMetadataManager
 
-        return FileRemoteLogMetadataManager(directory, read_only=read_only, shared=shared)
+        return FileRemoteLogMetadataManager(directory, read_only=read_only, shared=shared, partitions=partitions)
     if backend == "topic":
         from .metadata.topic_store import TopicRemoteLogMetadataManager
 
@@ -79,5 +82,6 @@ def remote_log_metadata_manager(
             replication_factor=None if replication == -1 else replication,
             client_config=aiokafka_options(config),
             read_only=read_only,
+            partitions=partitions,
         )
     raise ValueError(f"remote.log.metadata.backend={backend!r}: must be file or topic")

@@ -10,15 +10,17 @@ Two backends share one in-memory cache (`cache.py`) and one record format (`serd
 Writes are async and return once the record is durable in the backend and visible to
 this manager's own reads. Reads are synchronous lookups in memory; they raise
 MetadataNotReady while the partition's metadata is still loading (Kafka answers
-REPLICA_NOT_AVAILABLE then).
+REPLICA_NOT_AVAILABLE then). A manager made for some partitions only (`partitions=`, a
+copy task's) keeps only their metadata: a start costs what they hold, not the whole store.
 """
 
 from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Iterable, Iterator
 
-from ..errors import MetadataNotReady
+from ..errors import MetadataNotReady, RemoteLogMetadataError
 from ..model import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -27,7 +29,7 @@ from ..model import (
     TopicIdPartition,
 )
 from .cache import DuplicateSegment, EpochChain, RemoteLogMetadataCache, UnknownSegment, is_segment_within_lineage
-from .serde import MetadataDecodeError, RemoteLogMetadata, RemoteLogTruncation
+from .serde import MetadataDecodeError, RemoteLogMetadata, RemoteLogTruncation, topic_id_partition_of
 
 __all__ = [
     "DuplicateSegment",
@@ -45,11 +47,21 @@ class RemoteLogMetadataManager(abc.ABC):
 
     A backend implements `_publish` (make one checked record durable, then visible in
     `self._cache`), `_is_ready`, `start`, `wait_until_ready` and `close`; the rules and the
-    lookups are shared here.
+    lookups are shared here. With `partitions`, the backend keeps (and this manager reads and
+    writes) only those partitions' metadata; any other is an error.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: Iterable[TopicIdPartition] | None = None) -> None:
         self._cache = RemoteLogMetadataCache()
+        self.scope: frozenset[TopicIdPartition] | None = frozenset(partitions) if partitions is not None else None
+
+    def in_scope(self, tp: TopicIdPartition) -> bool:
+        return self.scope is None or tp in self.scope
+
+    def _check_scope(self, tp: TopicIdPartition) -> None:
+        if not self.in_scope(tp):
+            raise RemoteLogMetadataError(f"this metadata manager keeps only {sorted(map(str, self.scope or ()))}, "
+                                         f"not {tp}")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,17 +101,21 @@ class RemoteLogMetadataManager(abc.ABC):
         """Checks `record` against the current state (raising on a broken rule), makes it
         durable, and returns once `self._cache` shows it."""
 
+    async def _write(self, record: RemoteLogMetadata) -> None:
+        self._check_scope(topic_id_partition_of(record))
+        await self._publish(record)
+
     async def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
         """Adds a segment in COPY_SEGMENT_STARTED (else IllegalStateTransition); a known id is DuplicateSegment."""
-        await self._publish(metadata)
+        await self._write(metadata)
 
     async def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
         """Moves a segment to `update.state`: IllegalStateTransition if not allowed, UnknownSegment if unknown."""
-        await self._publish(update)
+        await self._write(update)
 
     async def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None:
         """Moves a partition's delete state (MARKED -> STARTED -> FINISHED), else IllegalStateTransition."""
-        await self._publish(metadata)
+        await self._write(metadata)
 
     async def record_truncation(
         self, tp: TopicIdPartition, offset: int, *, leader_epoch: int, event_timestamp_ms: int | None = None
@@ -109,7 +125,7 @@ class RemoteLogMetadataManager(abc.ABC):
         DELETE_SEGMENT_STARTED, one straddling it is served only below it."""
         if event_timestamp_ms is None:
             event_timestamp_ms = int(time.time() * 1000)
-        await self._publish(RemoteLogTruncation(tp, offset, leader_epoch, event_timestamp_ms))
+        await self._write(RemoteLogTruncation(tp, offset, leader_epoch, event_timestamp_ms))
 
     # ------------------------------------------------------------------ reads
 
@@ -117,6 +133,7 @@ class RemoteLogMetadataManager(abc.ABC):
     def _is_ready(self, tp: TopicIdPartition) -> bool: ...
 
     def _ready_cache(self, tp: TopicIdPartition) -> RemoteLogMetadataCache:
+        self._check_scope(tp)
         if not self._is_ready(tp):
             raise MetadataNotReady(f"remote log metadata of {tp} is not loaded yet")
         return self._cache
@@ -127,6 +144,12 @@ class RemoteLogMetadataManager(abc.ABC):
         """Kafka's `remoteLogSegmentMetadata(tp, epoch, offset)`: the COPY_SEGMENT_FINISHED segment
         holding `offset` in `leader_epoch`; with `epoch_chain`, only one within that lineage."""
         return self._ready_cache(tp).segment_for(tp, offset, leader_epoch, epoch_chain)
+
+    def segments_from(self, tp: TopicIdPartition, offset: int) -> Iterator[RemoteLogSegmentMetadata]:
+        """`list_segments(tp)` from the first segment ending at or after `offset`, found by bisection
+        (the segments holding `offset` first, then those after it): a reader that needs one
+        segment stops early. Iterate it at once (it raises RuntimeError if the partition changes)."""
+        return self._ready_cache(tp).segments_from(tp, offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         return self._ready_cache(tp).highest_offset_for_epoch(tp, leader_epoch)

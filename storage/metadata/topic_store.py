@@ -15,26 +15,32 @@ After Kafka's `TopicBasedRemoteLogMetadataManager` and seed 003:
   line, as Kafka's consumer does, so every instance converges).
 - Materialized state, per user partition, in `<directory>/<topic>-<partition>-<topic id hex>.metadata`:
 
-      magic                  int8, 0
+      magic                  int8, 1
       topic id               16 bytes
       metadata topic offset  int64 big-endian: the last offset of the metadata partition
                              reflected in this file
-      entries                unsigned varint length + record, for every segment not yet
-                             DELETE_SEGMENT_FINISHED (its current state) and the partition's
-                             delete state: a snapshot, not a history
+      state                  the partition's whole state, one `snapshot.py` section: a
+                             restart loads it with a few array copies, whatever its size
 
+  (Magic 0 files, seed 003's format written before, hold instead one length-prefixed record
+  per segment not DELETE_SEGMENT_FINISHED and the delete state; they are still read.)
   Files are rewritten (temp file, fsync, rename) after each consumed batch that touched the
   partition, then `<directory>/committed_offsets` (Kafka checkpoint text: version, count,
   "<metadata partition> <offset>" lines) records how far each metadata partition was read.
+  While the topic is read from far behind (a first start), they are written only every
+  `PERSIST_EVERY_RECORDS` records or `PERSIST_EVERY_S` seconds and once caught up.
   A restart loads the files and resumes each metadata partition after its committed offset;
   a record at or below its partition file's offset is skipped (a crash between the two
-  renames), so nothing is applied twice.
+  renames), so nothing is applied twice. A file that does not decode is set aside with a
+  warning and its metadata partition is read again from the beginning.
 - A write returns once this instance's consumer has read it back and applied it (Kafka's
   `waitTillConsumptionCatchesUp`); if the consumer dropped it because another writer's
   record got there first, the write raises RemoteLogMetadataError.
 - A partition is ready once its metadata partition was read up to the end offset seen at start.
 - `read_only=True` (the proxy, `tierproxy status`): no producer and no CreateTopics; a
   missing topic is an error naming the command that creates it.
+- `partitions=` (a copy task's): only the metadata partitions holding those user partitions
+  are read, and only their records kept.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import os
 import struct
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +64,29 @@ from ..errors import MetadataNotReady, RemoteLogMetadataError
 from ..files import fsync_directory, write_atomically
 from ..model import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
 from . import RemoteLogMetadataManager
+from .cache import RemoteLogMetadataCache
+from .partition import PartitionState
 from .serde import (
     MetadataDecodeError,
     RemoteLogMetadata,
     deserialize,
-    encode_entry,
     iter_entries,
     serialize,
     topic_id_partition_of,
 )
+from .snapshot import TopicIds, decode_partition, encode_partition, section_body
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = "__remote_log_metadata"
 DEFAULT_NUM_PARTITIONS = 50
-FLAT_FILE_MAGIC = 0
+FLAT_FILE_MAGIC = 1
+LEGACY_FLAT_FILE_MAGIC = 0
 FLAT_FILE_SUFFIX = ".metadata"
+PERSIST_EVERY_RECORDS = 200_000
+PERSIST_EVERY_S = 30.0
+_MAX_RECORDS_PER_BATCH = 10_000  # records made into objects at once while catching up
+_WRITE_GROUP_BYTES = 16 << 20
 COMMITTED_OFFSETS_FILE = "committed_offsets"
 _HEADER = struct.Struct(">b16sq")
 _TOPIC_ALREADY_EXISTS = 36
@@ -103,28 +116,42 @@ def flat_file_name(tp: TopicIdPartition) -> str:
     return f"{tp.topic}-{tp.partition}-{tp.topic_id.hex}{FLAT_FILE_SUFFIX}"
 
 
-def encode_flat_file(
-    tp: TopicIdPartition, metadata_offset: int,
-    entries: list[RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata],
-) -> bytes:
-    header = _HEADER.pack(FLAT_FILE_MAGIC, tp.topic_id.bytes, metadata_offset)
-    return header + b"".join(encode_entry(serialize(e)) for e in entries)
+def topic_id_partition_of_file(name: str) -> TopicIdPartition:
+    """The user partition a flat file's name says it holds (ValueError if it says none)."""
+    topic, partition, topic_id = name.removesuffix(FLAT_FILE_SUFFIX).rsplit("-", 2)
+    return TopicIdPartition(uuid.UUID(hex=topic_id), topic, int(partition))
+
+
+def encode_flat_file(state: PartitionState, metadata_offset: int) -> bytes:
+    return _HEADER.pack(FLAT_FILE_MAGIC, state.tp.topic_id.bytes, metadata_offset) + encode_partition(state)
 
 
 def decode_flat_file(
-    data: bytes,
-) -> tuple[uuid.UUID, int, list[RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata]]:
+    data: bytes, tp: TopicIdPartition, topic_ids: TopicIds | None = None
+) -> tuple[int, PartitionState]:
+    """(metadata topic offset, the partition's state) of the flat file of `tp`."""
     if len(data) < _HEADER.size:
         raise MetadataDecodeError(f"flat file of {len(data)} bytes has no header")
     magic, topic_id, offset = _HEADER.unpack_from(data)
+    if topic_id != tp.topic_id.bytes:
+        raise MetadataDecodeError(f"flat file of {tp} holds topic id {uuid.UUID(bytes=topic_id)}")
+    if magic == LEGACY_FLAT_FILE_MAGIC:
+        cache = RemoteLogMetadataCache()
+        cache.install(PartitionState(tp))
+        for record, _ in iter_entries(data, _HEADER.size):
+            if not isinstance(record, (RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata)) \
+                    or record.topic_id_partition != tp:
+                raise MetadataDecodeError(f"unexpected {record} in the flat file of {tp}")
+            cache.restore(record)
+        state = cache.partition_state(tp)
+        assert state is not None
+        return offset, state
     if magic != FLAT_FILE_MAGIC:
         raise MetadataDecodeError(f"unknown flat file magic {magic}")
-    entries = []
-    for record, _ in iter_entries(data, _HEADER.size):
-        if not isinstance(record, (RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata)):
-            raise MetadataDecodeError(f"unexpected {type(record).__name__} in a flat file")
-        entries.append(record)
-    return uuid.UUID(bytes=topic_id), offset, entries
+    state = decode_partition(section_body(memoryview(data)[_HEADER.size:]), topic_ids)
+    if state.tp != tp:
+        raise MetadataDecodeError(f"flat file of {tp} holds {state.tp}")
+    return offset, state
 
 
 def read_committed_offsets(path: Path) -> dict[int, int]:
@@ -163,8 +190,9 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         publish_timeout: float = 30.0,
         client_config: Mapping[str, Any] | None = None,
         read_only: bool = False,
+        partitions: Iterable[TopicIdPartition] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(partitions)
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, not {num_partitions}")
         self.bootstrap_servers = bootstrap_servers
@@ -182,9 +210,17 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._write_lock = asyncio.Lock()
         # user partition -> last metadata offset reflected in its flat file
         self._file_offsets: dict[TopicIdPartition, int] = {}
-        self._committed: dict[int, int] = {}  # metadata partition -> last offset read
+        self._committed: dict[int, int] = {}  # metadata partition -> last offset read, in committed_offsets
+        self._applied: dict[int, int] = {}  # metadata partition -> last offset read, in the cache
+        self._unpersisted: dict[TopicIdPartition, int] = {}  # user partition -> its metadata partition
+        self._unpersisted_records = 0
+        self._persisted_at = 0.0  # loop time
+        self._persisting: asyncio.Task[None] | None = None
         self._catch_up_to: dict[int, int] = {}  # metadata partition -> end offset seen at start
-        self._ready: dict[int, asyncio.Event] = {p: asyncio.Event() for p in range(num_partitions)}
+        # The metadata partitions read: all, or those of the partitions this manager keeps.
+        read = range(num_partitions) if self.scope is None else {metadata_partition(tp, num_partitions)
+                                                                  for tp in self.scope}
+        self._ready: dict[int, asyncio.Event] = {p: asyncio.Event() for p in sorted(read)}
         self._waiters: dict[int, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self._dropped: dict[tuple[int, int], str] = {}  # (partition, offset) of records replay refused
         self._failure: BaseException | None = None
@@ -213,7 +249,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             if self._producer is not None:
                 await self._producer.start()
             await self._consumer.start()
-            partitions = [TopicPartition(self.topic, p) for p in range(self.num_partitions)]
+            partitions = [TopicPartition(self.topic, p) for p in self._ready]
             self._consumer.assign(partitions)
             unread = [ktp for ktp in partitions if ktp.partition not in self._committed]
             if unread:
@@ -229,18 +265,32 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             self._catch_up_to[ktp.partition] = end
             if self._committed.get(ktp.partition, -1) + 1 >= end:
                 self._ready[ktp.partition].set()
+        self._persisted_at = asyncio.get_running_loop().time()
         self._consume_task = asyncio.create_task(self._consume(), name=f"consume {self.topic}")
 
     def _load_directory(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._committed = read_committed_offsets(self.directory / COMMITTED_OFFSETS_FILE)
+        topic_ids = TopicIds()
         for path in sorted(self.directory.glob(f"*{FLAT_FILE_SUFFIX}")):
-            topic_id, offset, entries = decode_flat_file(path.read_bytes())
-            topic, partition, _ = path.name[: -len(FLAT_FILE_SUFFIX)].rsplit("-", 2)
-            tp = TopicIdPartition(topic_id, topic, int(partition))
-            for entry in entries:
-                self._cache.restore(entry)
+            try:
+                tp = topic_id_partition_of_file(path.name)
+            except ValueError:
+                log.warning("%s is not named after a partition: ignored", path)
+                continue
+            if not self.in_scope(tp):
+                continue
+            try:
+                offset, state = decode_flat_file(path.read_bytes(), tp, topic_ids)
+            except (MetadataDecodeError, OSError) as exc:
+                # The topic still has every record: read this partition's again.
+                p = self.metadata_partition(tp)
+                log.warning("%s does not load (%s): reading %s-%d from its beginning", path, exc, self.topic, p)
+                self._committed.pop(p, None)
+                continue
+            self._cache.install(state)
             self._file_offsets[tp] = offset
+        self._applied = dict(self._committed)
 
     async def _ensure_topic(self) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **self._client_config)
@@ -286,6 +336,11 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._consume_task
             self._consume_task = None
+        # What was read and not yet written to the flat files (a start stopped while catching up).
+        try:
+            await self._persist()
+        except Exception:  # noqa: BLE001 - the next start reads those records again
+            log.warning("writing the flat files of %s at close failed", self.topic, exc_info=True)
         for client in (self._consumer, self._producer):
             if client is not None:
                 await client.stop()
@@ -300,10 +355,12 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         assert self._consumer is not None
         try:
             while True:
-                batches = await self._consumer.getmany(timeout_ms=200)
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=_MAX_RECORDS_PER_BATCH)
                 if batches:
                     await self._apply_batches(batches)
                 await self._check_caught_up()
+                if self._unpersisted and self._persist_due():
+                    await self._persist()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -313,13 +370,11 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise
 
     async def _apply_batches(self, batches: Mapping[TopicPartition, list[Any]]) -> None:
-        last: dict[int, int] = {}
-        touched: dict[TopicIdPartition, int] = {}
         for ktp, messages in batches.items():
             p = ktp.partition
             for message in messages:
                 self.records_fetched += 1
-                last[p] = message.offset
+                self._applied[p] = message.offset
                 if message.value is None:
                     continue
                 try:
@@ -330,29 +385,76 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
                     log.warning("%s-%d offset %d: %s", self.topic, p, message.offset, exc)
                     continue
                 tp = topic_id_partition_of(record)
-                if message.offset <= self._file_offsets.get(tp, -1):
-                    continue  # already in its flat file
+                if message.offset <= self._file_offsets.get(tp, -1) or not self.in_scope(tp):
+                    continue  # already in its flat file, or not kept here
                 if not self._cache.replay(record):
                     self._dropped[(p, message.offset)] = f"{record} breaks the remote log rules"
-                touched[tp] = p
-        files = {tp: encode_flat_file(tp, last[p], self._cache.snapshot(tp)) for tp, p in touched.items()}
-        committed = {**self._committed, **last}
-        await asyncio.to_thread(self._persist, files, committed)
-        for tp, p in touched.items():
-            self._file_offsets[tp] = last[p]
-        self._committed = committed
-        for p, offset in last.items():
-            self._release_waiters(p, offset)
-            if offset + 1 >= self._catch_up_to.get(p, 0):
-                self._ready[p].set()
+                self._unpersisted[tp] = p
+                self._unpersisted_records += 1
+        for ktp in batches:
+            if self._applied[ktp.partition] + 1 >= self._catch_up_to.get(ktp.partition, 0):
+                self._ready[ktp.partition].set()
+        if self._persist_due():
+            await self._persist()
+        for ktp in batches:
+            self._release_waiters(ktp.partition, self._applied[ktp.partition])
 
-    def _persist(self, files: Mapping[TopicIdPartition, bytes], committed: Mapping[int, int]) -> None:
-        # One directory fsync for all the renames.
+    def _persist_due(self) -> bool:
+        if all(event.is_set() for event in self._ready.values()):
+            return True
+        # Reading from far behind: rewriting every partition's file after each batch would cost
+        # more than the reading.
+        return (self._unpersisted_records >= PERSIST_EVERY_RECORDS
+                or asyncio.get_running_loop().time() - self._persisted_at >= PERSIST_EVERY_S)
+
+    async def _persist(self) -> None:
+        """Writes the flat files of the partitions changed since the last call, then the
+        committed offsets. Once begun it runs to its end, even if the caller is cancelled, so
+        files and offsets are never written by two calls at once."""
+        if self._persisting is not None:
+            await asyncio.shield(self._persisting)
+        if not self._unpersisted and self._applied == self._committed:
+            return
+        self._persisting = asyncio.ensure_future(self._write_files())
+        try:
+            await asyncio.shield(self._persisting)
+        finally:
+            if self._persisting.done():
+                self._persisting = None
+
+    async def _write_files(self) -> None:
+        # Encoded here (the consumer, which alone changes the cache, waits for this), written in
+        # a thread a group at a time: not every partition's file in memory at once.
+        touched, self._unpersisted, self._unpersisted_records = self._unpersisted, {}, 0
+        committed = dict(self._applied)
+        group: dict[TopicIdPartition, bytes] = {}
+        size = 0
+        for tp, p in touched.items():
+            state = self._cache.partition_state(tp)
+            if state is None:
+                continue
+            group[tp] = data = encode_flat_file(state, committed[p])
+            size += len(data)
+            if size >= _WRITE_GROUP_BYTES:
+                await asyncio.to_thread(self._write_flat_files, group)
+                group, size = {}, 0
+        await asyncio.to_thread(self._write_flat_files, group, committed)
+        for tp, p in touched.items():
+            self._file_offsets[tp] = committed[p]
+        self._committed = committed
+        self._persisted_at = asyncio.get_running_loop().time()
+
+    def _write_flat_files(self, files: Mapping[TopicIdPartition, bytes], committed: Mapping[int, int] | None = None
+                          ) -> None:
+        """With `committed`, the last group: then the committed offsets, and one directory fsync
+        for all the renames (a crash before it may leave a flat file newer than the offsets,
+        which a restart handles)."""
         for tp, data in files.items():
             write_atomically(self.directory / flat_file_name(tp), data, sync_directory=False)
-        write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode(),
-                         sync_directory=False)
-        fsync_directory(self.directory)
+        if committed is not None:
+            write_atomically(self.directory / COMMITTED_OFFSETS_FILE, committed_offsets_text(committed).encode(),
+                             sync_directory=False)
+            fsync_directory(self.directory)
 
     async def _check_caught_up(self) -> None:
         # A partition whose last records were not data (or were skipped) is caught up by position.
@@ -411,8 +513,8 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise RemoteLogMetadataError(f"consuming {self.topic} failed") from self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[partition].append((offset, future))
-        if self._committed.get(partition, -1) >= offset:
-            self._release_waiters(partition, self._committed[partition])
+        if self._applied.get(partition, -1) >= offset:
+            self._release_waiters(partition, self._applied[partition])
         try:
             await asyncio.wait_for(future, self.publish_timeout)
         except TimeoutError:
@@ -425,6 +527,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         return self._ready[self.metadata_partition(tp)].is_set()
 
     async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        self._check_scope(tp)
         try:
             await asyncio.wait_for(self._ready[self.metadata_partition(tp)].wait(), timeout)
         except TimeoutError:

@@ -156,6 +156,18 @@ def test_new_leader_superset_segment_replaces_the_old_ones():
     assert {m.segment_id for m in cache.list_segments(TP, 0)} == {s0.segment_id, s1.segment_id}
 
 
+def test_a_superset_reaching_as_far_as_the_epoch_replaces_every_segment_it_covers():
+    # L0 uploaded 0-49 and 50-99 of epoch 0; L1 (after an election) 0-99 in one segment.
+    cache = RemoteLogMetadataCache()
+    first = finished(cache, segment(TP, 0, 49, [(0, 0)]))
+    second = finished(cache, segment(TP, 50, 99, [(0, 50)]))
+    superset = finished(cache, segment(TP, 0, 99, [(0, 0)]))
+    assert cache.segment_for(TP, 70, 0).segment_id == superset.segment_id
+    assert cache.segment_for(TP, 10, 0).segment_id == superset.segment_id
+    assert {m.segment_id for m in cache.list_segments(TP, 0)} == {
+        first.segment_id, second.segment_id, superset.segment_id}  # still listed, for cleanup
+
+
 # Unclean leader election. Broker A led epochs 0 and 1 and tiered offsets 0-199; epoch 1
 # (offsets 100-199) was never replicated. Broker B became leader in epoch 2 from offset 100
 # and wrote its own 100-249. The current lineage is [(0, 0), (2, 100)].

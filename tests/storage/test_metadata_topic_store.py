@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 
 import pytest
@@ -10,6 +11,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tierproxy.storage.errors import IllegalStateTransition, RemoteLogMetadataError
+from tierproxy.storage.metadata.cache import RemoteLogMetadataCache
+from tierproxy.storage.metadata.serde import MetadataDecodeError, encode_entry, serialize
 from tierproxy.storage.metadata.topic_store import (
     COMMITTED_OFFSETS_FILE,
     TopicRemoteLogMetadataManager,
@@ -17,6 +20,7 @@ from tierproxy.storage.metadata.topic_store import (
     encode_flat_file,
     flat_file_name,
     metadata_partition,
+    topic_id_partition_of_file,
 )
 from tierproxy.storage.model import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
 from tierproxy.storage.model import RemotePartitionDeleteMetadata, RemotePartitionDeleteState
@@ -42,13 +46,42 @@ def test_metadata_partition_is_kafkas(topic_id, partition, in_50, in_7):
     assert metadata_partition(tp, 7) == in_7
 
 
+def cache_of(entries):
+    cache = RemoteLogMetadataCache()
+    for entry in entries:
+        cache.restore(entry)
+    return cache
+
+
 def test_flat_file_round_trip():
     tp = TopicIdPartition(uuid.uuid4(), "a-b-c", 12)
     entries = [segment(tp, 0, 9), RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 3, 4)]
-    data = encode_flat_file(tp, 1234, entries)
-    assert data[0] == 0 and data[1:17] == tp.topic_id.bytes and int.from_bytes(data[17:25], "big") == 1234
-    assert decode_flat_file(data) == (tp.topic_id, 1234, entries)
+    data = encode_flat_file(cache_of(entries).partition_state(tp), 1234)
+    assert data[0] == 1 and data[1:17] == tp.topic_id.bytes and int.from_bytes(data[17:25], "big") == 1234
+    offset, state = decode_flat_file(data, tp)
+    assert offset == 1234 and state.tp == tp
+    restored = RemoteLogMetadataCache()
+    restored.install(state)
+    assert restored.snapshot(tp) == entries
     assert flat_file_name(tp) == f"a-b-c-12-{tp.topic_id.hex}.metadata"
+    assert topic_id_partition_of_file(flat_file_name(tp)) == tp
+    with pytest.raises(MetadataDecodeError):  # another partition's file
+        decode_flat_file(data, TopicIdPartition(uuid.uuid4(), "a-b-c", 12))
+    for broken in (data[:-1], data[:30] + bytes([data[30] ^ 1]) + data[31:], data + b"\0"):
+        with pytest.raises(MetadataDecodeError):
+            decode_flat_file(broken, tp)
+
+
+def test_flat_files_of_the_earlier_format_still_load():
+    """Magic 0 (seed 003): one length-prefixed record per live segment, then the delete state."""
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 2)
+    entries = [segment(tp, 0, 9), segment(tp, 10, 19),
+               RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 3, 4)]
+    data = struct.pack(">b16sq", 0, tp.topic_id.bytes, 77) + b"".join(encode_entry(serialize(e)) for e in entries)
+    offset, state = decode_flat_file(data, tp)
+    restored = RemoteLogMetadataCache()
+    restored.install(state)
+    assert offset == 77 and restored.snapshot(tp) == entries
 
 
 @pytest.fixture
@@ -177,3 +210,76 @@ async def test_a_read_only_instance_creates_nothing_and_writes_nothing(bootstrap
         assert reader._producer is None
         with pytest.raises(RemoteLogMetadataError, match="read-only"):
             await reader.add_remote_log_segment_metadata(segment(tp, 100, 199))
+
+
+async def test_a_flat_file_that_does_not_load_is_rebuilt_from_the_topic(bootstrap_servers, metadata_topic, tmp_path,
+                                                                       caplog):
+    tps = [TopicIdPartition(uuid.uuid4(), "orders", p) for p in range(4)]
+    kwargs = dict(topic=metadata_topic, num_partitions=3)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "a", **kwargs) as a:
+        for tp in tps:
+            for i in range(2):
+                m = segment(tp, i * 100, i * 100 + 99)
+                await a.add_remote_log_segment_metadata(m)
+                await a.update_remote_log_segment_metadata(
+                    RemoteLogSegmentMetadataUpdate(m.segment_id, 3, S.COPY_SEGMENT_FINISHED, 0))
+        expected = state_of(a, tps)
+    broken = tmp_path / "a" / flat_file_name(tps[0])
+    data = broken.read_bytes()
+    broken.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    damaged = metadata_partition(tps[0], 3)
+    records_there = 4 * sum(metadata_partition(tp, 3) == damaged for tp in tps)
+
+    async def started(directory):
+        rlmm = TopicRemoteLogMetadataManager(bootstrap_servers, directory=directory, read_only=True, **kwargs)
+        await rlmm.start()
+        for tp in tps:
+            await rlmm.wait_until_ready(tp, timeout=20)
+        return rlmm
+
+    again = await started(tmp_path / "a")
+    try:
+        assert "does not load" in caplog.text
+        assert again.records_fetched == records_there  # only its metadata partition, from the beginning
+        assert state_of(again, tps) == expected
+    finally:
+        await again.close()
+    # Rewritten, like the files of a directory that read the whole topic at its first start.
+    fresh = await started(tmp_path / "b")
+    await fresh.close()
+    for directory in (tmp_path / "a", tmp_path / "b"):
+        third = await started(directory)
+        try:
+            assert third.records_fetched == 0
+            assert state_of(third, tps) == expected
+        finally:
+            await third.close()
+
+
+async def test_a_manager_for_some_partitions_reads_only_their_metadata_partition(bootstrap_servers, metadata_topic,
+                                                                                 tmp_path):
+    mine = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    others = []
+    while len({metadata_partition(tp, 3) for tp in others} - {metadata_partition(mine, 3)}) < 1 or len(others) < 4:
+        others.append(TopicIdPartition(uuid.uuid4(), "orders", len(others) + 1))
+    tps = [mine, *others]
+    kwargs = dict(topic=metadata_topic, num_partitions=3)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "all", **kwargs) as writer:
+        for tp in tps:
+            m = segment(tp, 0, 99)
+            await writer.add_remote_log_segment_metadata(m)
+            await writer.update_remote_log_segment_metadata(
+                RemoteLogSegmentMetadataUpdate(m.segment_id, 3, S.COPY_SEGMENT_FINISHED, 0))
+        expected = state_of(writer, tps)
+    sharing = sum(metadata_partition(tp, 3) == metadata_partition(mine, 3) for tp in tps)
+    async with TopicRemoteLogMetadataManager(bootstrap_servers, directory=tmp_path / "task", partitions=[mine],
+                                             **kwargs) as task:
+        await task.wait_until_ready(mine, timeout=20)
+        assert task.records_fetched == 2 * sharing < 2 * len(tps)
+        assert task.partitions() == [mine]
+        assert state_of(task, [mine]) == {mine: expected[mine]}
+        with pytest.raises(RemoteLogMetadataError, match="keeps only"):
+            task.list_segments(others[0])
+        m = segment(mine, 100, 199)
+        await task.add_remote_log_segment_metadata(m)
+        assert task.list_segments(mine)[-1] == m
