@@ -309,6 +309,20 @@ class _Reassembly:
             return None
         return LOG_OVERHEAD + _length(self._head())
 
+    def ready(self) -> Iterator[Batch]:
+        """The batches the chunks fed so far complete, in order."""
+        while (batch := self.next()) is not None:
+            yield batch
+
+    def take(self, chunk: bytes | bytearray | memoryview | None) -> bool:
+        """Feeds the next chunk; None says the chunks ran out (see `finish`). False when
+        nothing more will come."""
+        if chunk is None:
+            self.finish()
+            return False
+        self.feed(chunk)
+        return True
+
     def finish(self) -> None:
         """The chunks ran out: the log must end on a batch boundary (at `end`, when known)."""
         if self.pending:
@@ -353,15 +367,9 @@ def log_batches(
     reassembly = _Reassembly(position, end)
     pieces = iter(chunks)
     while True:
-        batch = reassembly.next()
-        if batch is not None:
-            yield batch
-        elif reassembly.at_end:
-            return
-        elif (chunk := next(pieces, None)) is not None:
-            reassembly.feed(chunk)
-        else:
-            reassembly.finish()
+        yield from reassembly.ready()
+        # A chunk is read only when no batch is complete without it.
+        if reassembly.at_end or not reassembly.take(next(pieces, None)):
             return
 
 
@@ -373,15 +381,9 @@ async def log_batches_async(
     reassembly = _Reassembly(position, end)
     pieces = aiter(chunks)
     while True:
-        batch = reassembly.next()
-        if batch is not None:
+        for batch in reassembly.ready():
             yield batch
-        elif reassembly.at_end:
-            return
-        elif (chunk := await anext(pieces, None)) is not None:
-            reassembly.feed(chunk)
-        else:
-            reassembly.finish()
+        if reassembly.at_end or not reassembly.take(await anext(pieces, None)):
             return
 
 

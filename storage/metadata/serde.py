@@ -39,15 +39,9 @@ from kio.serial import writers as w
 from kio.serial.errors import DecodeError
 
 from ..errors import RemoteLogMetadataError
-from ..model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from ..model import (RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate,
+                     RemoteLogSegmentState, RemotePartitionDeleteMetadata, RemotePartitionDeleteState,
+                     TopicIdPartition)
 
 FRAME_VERSION = 1
 SEGMENT_METADATA_API_KEY = 0

@@ -25,17 +25,9 @@ from tierproxy.storage.metadata.cache import DuplicateSegment, RemoteLogMetadata
 from tierproxy.storage.metadata.lineage import epoch_end_offset, is_segment_within_lineage
 from tierproxy.storage.metadata.serde import RemoteLogTruncation
 from tierproxy.storage.metadata.snapshot import decode_partition, encode_partition, section_body
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-    check_partition_delete_transition,
-    check_segment_transition,
-)
+from tierproxy.storage.model import (RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate,
+                                     RemoteLogSegmentState, RemotePartitionDeleteMetadata, RemotePartitionDeleteState,
+                                     TopicIdPartition, check_partition_delete_transition, check_segment_transition)
 
 S = RemoteLogSegmentState
 TPS = [TopicIdPartition(uuid.uuid4(), "orders", 0), TopicIdPartition(uuid.uuid4(), "orders", 1)]

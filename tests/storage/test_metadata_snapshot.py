@@ -19,15 +19,9 @@ from tierproxy.storage.metadata.file_store import (
 )
 from tierproxy.storage.metadata.serde import serialize
 from tierproxy.storage.metadata.snapshot import LogPosition
-from tierproxy.storage.model import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from tierproxy.storage.model import (RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate,
+                                     RemoteLogSegmentState, RemotePartitionDeleteMetadata, RemotePartitionDeleteState,
+                                     TopicIdPartition)
 
 S = RemoteLogSegmentState
 TPS = [TopicIdPartition(uuid.uuid4(), "orders", p) for p in range(3)]
