@@ -199,10 +199,16 @@ class ObjectCipher:
         nonce, aad = self._nonce_and_aad(index)
         return self._aead.encrypt(nonce, content, aad)
 
-    def open(self, index: int, sealed: bytes | bytearray | memoryview, where: str) -> bytes:
+    def open(self, index: int, sealed: bytes | bytearray | memoryview, where: str,
+             into: memoryview | None = None) -> bytes | memoryview:
+        """Chunk `index`'s content; with `into` (exactly its length) decrypted there, and
+        `into` returned. On a failed tag nothing of `into` may be used."""
         nonce, aad = self._nonce_and_aad(index)
         try:
-            return self._aead.decrypt(nonce, sealed, aad)
+            if into is None:
+                return self._aead.decrypt(nonce, sealed, aad)
+            self._aead.decrypt_into(nonce, sealed, aad, into)
+            return into
         except InvalidTag:
             raise DecryptionFailed(f"{where}: chunk {index} fails its AES-GCM tag (altered, or moved from another "
                                    "position, object or segment)") from None
@@ -232,11 +238,13 @@ class ObjectCipher:
         return start // self.chunk_bytes * step, min(self.stored_size, (last // self.chunk_bytes + 1) * step)
 
     async def open_range(self, stored: AsyncIterator[bytes | memoryview], start: int, last: int,
-                         where: str) -> AsyncIterator[bytes | memoryview]:
+                         where: str, into: memoryview | None = None) -> AsyncIterator[bytes | memoryview]:
         """Content bytes [start, last] from the stored bytes of `stored_range(start, last)`, in
         pieces as they come; each chunk's tag is checked before any of it is passed on. A
         chunk that lies whole inside a piece is opened where it lies; one split between
-        pieces is copied together first."""
+        pieces is copied together first. With `into` (the caller's buffer for [start, last])
+        a chunk wholly inside the range is decrypted straight into its place there, and
+        the piece passed on is that view of `into`."""
         index = start // self.chunk_bytes
         pending = bytearray()
         async for piece in stored:
@@ -255,8 +263,12 @@ class ObjectCipher:
                     sealed, pending = pending, bytearray()
                 else:
                     sealed, view = view[:length], view[length:]
-                content = self.open(index, sealed, where)
                 begin = index * self.chunk_bytes
+                if into is not None and begin >= start and begin + length - TAG_BYTES <= last + 1:
+                    yield self.open(index, sealed, where, into[begin - start:begin - start + length - TAG_BYTES])
+                    index += 1
+                    continue
+                content = self.open(index, sealed, where)
                 low, high = max(start, begin) - begin, min(last + 1, begin + len(content)) - begin
                 if low == 0 and high == len(content):
                     yield content

@@ -48,6 +48,8 @@ from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
 
+# Reused buffers for encrypted reads kept at most (a few reads run at once).
+_SEALED_BUFFERS_KEPT = 4
 # Pieces in which a local file is read to be stored unencrypted: few writes, bounded memory.
 PUT_PIECE_BYTES = 4 << 20
 
@@ -192,6 +194,9 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # Fetches of one segment come in runs (sequential reads of a partition):
         # caching its manifest saves a round trip to the store per fetch.
         self._manifests: LRUCache[RemoteLogSegmentId, Manifest] = LRUCache(maxsize=manifest_cache_size)
+        # Where encrypted chunks are read before they are decrypted into the caller's
+        # buffer: reused, so that a read does not fault in fresh memory.
+        self._sealed_buffers: list[bytearray] = []
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         self.observe_request = observer
@@ -307,6 +312,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         last = size - 1 if end is None else min(end, size - 1)
         key = self._key(metadata, ObjectType.LOG)
         delivered = 0
+        scratch: bytearray | None = None
         try:
             # Encrypted, the range grows to whole chunks, each opened before any of its bytes
             # is yielded. With block checksums it grows to whole blocks, each checked likewise;
@@ -320,13 +326,18 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             else:
                 first, stop = start, last + 1
             stored_size = manifest.stored_size(entry)
-            # Straight into the caller's buffer only when the stored bytes are the range itself.
-            target = into if sealed is None and first == start and stop == last + 1 else None
+            # Straight into the caller's buffer when the stored bytes are the range itself;
+            # encrypted, into a reused one, each chunk then decrypted into the caller's.
+            if sealed is not None and into is not None:
+                scratch = self._sealed_buffer(stop - first)
+                target: memoryview | None = memoryview(scratch)[:stop - first]
+            else:
+                target = into if sealed is None and first == start and stop == last + 1 else None
             async with self._open_range(key, first, stop - 1, target) as (object_size, chunks):
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
                 if sealed is not None:
-                    chunks = sealed.open_range(chunks, start, last, key)
+                    chunks = sealed.open_range(chunks, start, last, key, into)
                 elif block:
                     chunks = _verified_blocks(chunks, key, entry, first, start, last)
                 async for chunk in chunks:
@@ -337,6 +348,16 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         except (RemoteResourceNotFound, CorruptRemoteSegment):
             self._forget(metadata)  # the next call looks at the store again
             raise
+        finally:
+            if scratch is not None and len(self._sealed_buffers) < _SEALED_BUFFERS_KEPT:
+                self._sealed_buffers.append(scratch)
+
+    def _sealed_buffer(self, size: int) -> bytearray:
+        while self._sealed_buffers:
+            buffer = self._sealed_buffers.pop()
+            if len(buffer) >= size:
+                return buffer
+        return bytearray(size)
 
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
         object_type = ObjectType.of_index(index_type)

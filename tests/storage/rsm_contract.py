@@ -22,6 +22,7 @@ import pytest
 
 from tierproxy.storage.encryption import KeyEncryptionKey, KeyRing
 from tierproxy.storage.errors import (
+    CorruptRangeRead,
     CorruptRemoteSegment,
     DecryptionFailed,
     EncryptionKeyNotFound,
@@ -504,6 +505,25 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
         for start, end in ((0, BLOCK_BYTES), (BLOCK_BYTES + 5, BLOCK_BYTES + 6), (0, None)):
             with pytest.raises(DecryptionFailed, match=rf"{key}: chunk 1 fails its AES-GCM tag"):
                 await read_all(rsm, segment.metadata, start, end)
+
+    async def test_a_buffer_read_decrypts_in_place_and_stops_at_a_tampered_chunk(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        """The chunk cache's reads: whole chunks are decrypted into the caller's (reused,
+        dirty) buffer; at a chunk that fails its tag the read says how much before it is
+        good, and those bytes are the plaintext."""
+        segment = make_segment(tmp_path, log_size=4 * BLOCK_BYTES + 1000)
+        key, _ = await self.copied_log(rsm, segment)
+        buffer = bytearray(b"\xee" * len(segment.log))
+        for _ in range(2):  # the second read reuses what the first read the ciphertext into
+            await rsm.read_log_into(segment.metadata, 0, memoryview(buffer))
+            assert buffer == segment.log
+        await self.flip(rsm, key, 2 * CHUNK_STEP + 7, 0x40)  # a byte of chunk 2
+        buffer[:] = b"\xee" * len(buffer)
+        with pytest.raises(CorruptRangeRead) as failed:
+            await rsm.read_log_into(segment.metadata, 100, memoryview(buffer)[:3 * BLOCK_BYTES])
+        assert failed.value.filled == 2 * BLOCK_BYTES - 100
+        assert buffer[:failed.value.filled] == segment.log[100:2 * BLOCK_BYTES]
 
     async def test_a_chunk_moved_to_another_position_is_refused(
         self, rsm: RemoteStorageManager, tmp_path: Path
