@@ -48,8 +48,9 @@ from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
 
-# Reused buffers for encrypted reads kept at most (a few reads run at once).
-_SEALED_BUFFERS_KEPT = 4
+# Reused buffers for encrypted reads kept at most: as many as chunk loads usually run at
+# once (a few partitions, each with its read-ahead), about 4 MiB each.
+_SEALED_BUFFERS_KEPT = 16
 # Pieces in which a local file is read to be stored unencrypted: few writes, bounded memory.
 PUT_PIECE_BYTES = 4 << 20
 
