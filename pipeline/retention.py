@@ -56,31 +56,6 @@ class RetentionReport:
     def ok(self) -> bool:
         return not self.failures
 
-    def summary_rows(self) -> list[tuple[str, str, str]]:
-        """(partition, what happened, details), for the summary table."""
-        rows = []
-        for t in self.trimmed:
-            rows.append((str(t.topic_id_partition), "trimmed locally",
-                         f"log start {t.old_log_start_offset} -> {t.new_log_start_offset}, "
-                         f"{t.segments} segments, {t.bytes} bytes ({t.reason})"))
-        for e in self.expired:
-            what = f"{e.segments} segments, {e.bytes} bytes ({e.reason})" if e.segments else "no new segments"
-            if e.completed:
-                what += f", {e.completed} interrupted deletes finished"
-            rows.append((str(e.topic_id_partition), "expired remotely",
-                         f"{what}, remote log start {_offset(e.old_log_start_offset)} -> "
-                         f"{_offset(e.new_log_start_offset)}"))
-        for r in self.removed:
-            rows.append((f"{r.topic_id_partition} ({r.topic_id_partition.topic_id})", "removed",
-                         f"{r.segments} segments, {r.objects} objects"))
-        for f in self.failures:
-            rows.append((f.partition, f"{f.step} failed", f.error))
-        return rows
-
-
-def _offset(offset: int | None) -> str:
-    return "none" if offset is None else str(offset)
-
 
 async def run_retention(
     config: Config,

@@ -484,9 +484,9 @@ class ClientConnection(asyncio.Protocol):
         if client is None or self._closed:
             return
         self._last_activity = time.monotonic()
-        self._metrics.client_bytes_out.inc(sum(len(part) for part in parts))  # type: ignore[arg-type]
-        if len(parts) > 2 and (client.get_write_buffer_size()
-                               or socket_room(self._socket) < sum(len(part) for part in parts)):
+        size = sum(len(part) for part in parts)  # type: ignore[arg-type]
+        self._metrics.client_bytes_out.inc(size)
+        if len(parts) > 2 and (client.get_write_buffer_size() or socket_room(self._socket) < size):
             # Queued unsent, slices would keep whole remote chunks alive until sent.
             parts = unpinned(parts)
         client.writelines(parts)

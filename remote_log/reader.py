@@ -42,7 +42,7 @@ import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -71,6 +71,14 @@ from .transactions import collect_aborted
 
 log = logging.getLogger(__name__)
 
+# How a failed remote read is counted: the first kind the error is (subclasses first).
+_READ_ERROR_REASONS = (
+    (MetadataNotReady, ReadErrorReason.METADATA_NOT_READY),
+    (CorruptRemoteSegment, ReadErrorReason.CORRUPT),
+    (RemoteResourceNotFound, ReadErrorReason.NOT_FOUND),
+    (RemoteStorageError, ReadErrorReason.STORAGE),
+)
+
 
 class IsolationLevel(enum.IntEnum):
     READ_UNCOMMITTED = 0
@@ -97,10 +105,6 @@ class RemoteReadResult:
     offset_out_of_range: bool = False
     #: The segment the records came from.
     segment: RemoteLogSegmentMetadata | None = field(default=None, compare=False)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.records_size == 0
 
 
 class TimestampAndOffset(NamedTuple):
@@ -230,17 +234,24 @@ class RemoteLogReader:
         with self._corruption_of(segment):
             position = (await self.index_cache.offset_index(segment)).lookup(fetch_offset).position
             async with contextlib.aclosing(self._batches(segment, position, fetch_offset, read_ahead=True)) as batches:
-                async for batch in _until_invalid(batches, records, lambda e: self._stopped_early(segment, e)):
-                    header = batch.header
-                    found = True
-                    if size + header.size > max_bytes and not (min_one_batch and not records):
-                        break
-                    records.extend(batch.parts)
-                    size += header.size
-                    position = batch.position + header.size
-                    last_offset = header.last_offset
-                    if header.last_offset >= segment.end_offset or max_bytes - size < HEADER_SIZE:
-                        break  # nothing more fits: do not load a chunk just to learn that
+                try:
+                    async for batch in batches:
+                        header = batch.header
+                        found = True
+                        if size + header.size > max_bytes and not (min_one_batch and not records):
+                            break
+                        records.extend(batch.parts)
+                        size += header.size
+                        position = batch.position + header.size
+                        last_offset = header.last_offset
+                        if header.last_offset >= segment.end_offset or max_bytes - size < HEADER_SIZE:
+                            break  # nothing more fits: do not load a chunk just to learn that
+                except (DecodeError, CorruptRemoteSegment) as e:
+                    # Like Kafka's log reader, which stops at the first invalid batch: the
+                    # intact batches before it are served; only a read that starts there fails.
+                    if not records:
+                        raise
+                    self._stopped_early(segment, e)
         return _SegmentRead(records, size, last_offset, found, position)
 
     def _read_ahead_following(self, segment: RemoteLogSegmentMetadata, position: int, leader_epoch: int) -> None:
@@ -431,32 +442,10 @@ class RemoteLogReader:
     def _counting_errors(self, tp: TopicIdPartition) -> Iterator[None]:
         try:
             yield
-        except MetadataNotReady:
-            self.metrics.read_error(tp.topic, ReadErrorReason.METADATA_NOT_READY)
+        except (MetadataNotReady, RemoteStorageError) as e:
+            self.metrics.read_error(tp.topic, next(reason for kind, reason in _READ_ERROR_REASONS
+                                                   if isinstance(e, kind)))
             raise
-        except CorruptRemoteSegment:
-            self.metrics.read_error(tp.topic, ReadErrorReason.CORRUPT)
-            raise
-        except RemoteResourceNotFound:
-            self.metrics.read_error(tp.topic, ReadErrorReason.NOT_FOUND)
-            raise
-        except RemoteStorageError:
-            self.metrics.read_error(tp.topic, ReadErrorReason.STORAGE)
-            raise
-
-
-async def _until_invalid(batches: AsyncIterator[Batch], served: list[memoryview],
-                         stopped: Callable[[Exception], None]) -> AsyncIterator[Batch]:
-    """The batches until one cannot be read (a corrupt length, header, CRC or block). Like
-    Kafka's log reader, which stops at the first invalid batch, the intact batches before it
-    are served (and `stopped` is told why); only a read that starts at the invalid batch fails."""
-    try:
-        async for batch in batches:
-            yield batch
-    except (DecodeError, CorruptRemoteSegment) as e:
-        if not served:
-            raise
-        stopped(e)
 
 
 def _record_at_or_after(batch: Batch, timestamp: int, starting_offset: int) -> TimestampAndOffset | None:
