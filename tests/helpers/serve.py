@@ -59,11 +59,11 @@ class Served:
         return self.process.returncode
 
 
-def start_serving(settings: Mapping[str, object], directory: Path) -> Served:
+def start_serving(settings: Mapping[str, object], directory: Path, *arguments: str) -> Served:
     """`tierproxy serve` over a properties file of `settings`, written to `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     config = write_properties(directory / "proxy.properties", {key: str(value) for key, value in settings.items()})
-    return Served([str(TIERPROXY), "serve", "--config", str(config)])
+    return Served([str(TIERPROXY), "serve", "--config", str(config), *arguments])
 
 
 def scrape(metrics_port: int) -> str:

@@ -202,9 +202,11 @@ def test_clients_go_on_reading_when_their_proxy_dies(kafka_cluster, failover_top
         _kill(first)
         time.sleep(10)
         produced = producing.stop()
-        if strict is not None:
-            # librdkafka reports the moment every connection it had was down; kcat gives up on it
-            # unless -E, though the library reconnects, as the other clients show.
+        if strict is not None and strict.poll() is not None:
+            # librdkafka reports the moment every connection it had was down, and kcat gives up on it
+            # unless -E, though the library reconnects, as the other clients show. Whether that moment
+            # comes depends on a race: a connection that reaches the other proxy before the last one
+            # drops means it never does; kcat then reads on, which is no failure either.
             _, complaint = strict.communicate(timeout=30)
             assert strict.returncode == 1 and "All broker connections are down" in complaint, complaint[-2000:]
         deadline = time.monotonic() + 180

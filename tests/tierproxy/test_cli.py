@@ -12,6 +12,8 @@ import pytest
 from tierproxy.cli import LOG_LEVELS, build_parser, configure_logging, log_format
 from tierproxy.config.metrics import tierproxy_version
 from tests.helpers.commands import TIERPROXY, wait_listening
+from tests.helpers.serve import start_serving
+from tests.helpers.wait import wait_for
 
 
 def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -74,22 +76,22 @@ def test_serve_logs_at_the_level_asked_for(tmp_path):
     """--log-level ERROR hides the WARNING an unreachable broker gives, and reaches the workers."""
     from testbed.ports import free_ports
 
-    broker, proxy, node, metrics = free_ports(4)
-    properties = tmp_path / "tierproxy.properties"
-    properties.write_text(f"bootstrap.servers=127.0.0.1:{broker}\nproxy.bootstrap.port={proxy}\n"
-                          f"proxy.broker.port.base={node}\nmetrics.port=0\nproxy.workers=2\n"
-                          f"remote.log.storage.local.dir={tmp_path / 'remote'}\n"
-                          f"remote.log.metadata.dir={tmp_path / 'metadata'}\n")
+    broker, proxy, node = free_ports(3)
+    settings = {"bootstrap.servers": f"127.0.0.1:{broker}", "proxy.bootstrap.port": proxy,
+                "proxy.broker.port.base": node, "metrics.port": 0, "proxy.workers": 2,
+                "remote.log.storage.local.dir": tmp_path / "remote", "remote.log.metadata.dir": tmp_path / "metadata"}
     outputs = {}
     for level in ("INFO", "ERROR"):
-        process = subprocess.Popen([str(TIERPROXY), "serve", "--config", str(properties), "--log-level", level],
-                                   stderr=subprocess.PIPE, text=True)
+        served = start_serving(settings, tmp_path, "--log-level", level)
         try:
-            wait_listening(proxy, process)
+            if level == "INFO":  # each worker says so once it listens
+                served.wait_for(r"INFO worker-\d tierproxy: tierproxy serving on", 2)
+            else:  # nothing to wait for in the output: the port and both workers
+                wait_listening(proxy, served.process)
+                wait_for(lambda: len(served.workers()) == 2, 60, "two workers")
         finally:
-            process.terminate()
-            _, outputs[level] = process.communicate(timeout=60)
-        assert process.returncode == 0, outputs[level]
+            assert served.stop() == 0, served.output
+        outputs[level] = served.output
     assert "WARNING tierproxy: no broker answered yet" in outputs["INFO"]
     assert "INFO worker-1 tierproxy: tierproxy serving on" in outputs["INFO"]
     assert outputs["ERROR"].strip() == "", outputs["ERROR"]
