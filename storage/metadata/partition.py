@@ -104,6 +104,10 @@ class PartitionState:
     def find(self, segment_id: uuid.UUID) -> int | None:
         """The row of a segment not DELETE_SEGMENT_FINISHED, or None."""
         key = segment_id.bytes
+        # The newest row first: a segment's updates mostly follow its COPY_SEGMENT_STARTED.
+        newest = len(self.rows) - ROW_SIZE
+        if newest >= 0 and self.rows[newest:newest + 16] == key and self.rows[newest + _STATE_AT] != _FORGOTTEN:
+            return newest // ROW_SIZE
         i = bisect.bisect_left(self.by_id, key, key=self._id_of)
         if i < len(self.by_id) and self._id_of(self.by_id[i]) == key:
             return self.by_id[i]

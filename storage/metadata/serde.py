@@ -29,9 +29,11 @@ entries: unsigned varint length of the record, then the record.
 from __future__ import annotations
 
 import io
+import struct
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeAlias
 
 from kio.serial import readers as r
@@ -184,7 +186,9 @@ def serialize(record: RemoteLogMetadata) -> bytes:
 
 
 class _Reader:
-    """A cursor over one record; kio's native readers return (value, bytes consumed)."""
+    """A cursor over one record. Fixed-size fields are read with `struct` (several at once where
+    the schema puts them side by side), the rest with kio's native readers, which return
+    (value, bytes consumed); a field that runs past the end raises."""
 
     __slots__ = ("data", "pos")
 
@@ -197,147 +201,174 @@ class _Reader:
         self.pos += size
         return value
 
+    def fixed(self, layout: struct.Struct) -> tuple:
+        values = layout.unpack_from(self.data, self.pos)
+        self.pos += layout.size
+        return values
+
     def uvarint(self) -> int:
+        data, pos = self.data, self.pos
+        if pos < len(data) and data[pos] < 0x80:  # nearly every varint here: one byte
+            self.pos = pos + 1
+            return data[pos]
         return self.read(r.read_unsigned_varint)
 
     def int8(self) -> int:
-        return self.read(r.read_int8)
+        return self.fixed(_INT8)[0]
 
     def int32(self) -> int:
-        return self.read(r.read_int32)
+        return self.fixed(_INT32)[0]
 
     def int64(self) -> int:
-        return self.read(r.read_int64)
+        return self.fixed(_INT64)[0]
+
+    def boolean(self) -> bool:
+        return self.read(r.read_boolean)
+
+    def uuid_bytes(self) -> bytes:
+        end = self.pos + 16
+        if end > len(self.data):
+            raise MetadataDecodeError("a uuid runs past the end of the record")
+        raw = bytes(self.data[self.pos:end])
+        self.pos = end
+        return raw
 
     def uuid(self) -> uuid.UUID:
-        # kio reads Kafka's zero uuid as None.
-        return self.read(r.read_uuid) or _ZERO_UUID
+        raw = self.uuid_bytes()
+        return _ZERO_UUID if raw == _ZERO_UUID.bytes else uuid.UUID(bytes=raw)
 
     def skip(self, size: int) -> None:
         if self.pos + size > len(self.data):
             raise MetadataDecodeError("tagged field runs past the end of the record")
         self.pos += size
 
-    def tagged_fields(self, known: dict[int, Callable[[_Reader], None]]) -> None:
-        """Reads a tagged-field section; a known tag is decoded, an unknown one skipped."""
-        for _ in range(self.uvarint()):
+    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], object]] = MappingProxyType({})
+                      ) -> Mapping[int, object]:
+        """Reads a tagged-field section: the values of the known tags present; unknown ones skipped."""
+        count = self.uvarint()
+        if not count:
+            return _NO_TAGS
+        values = {}
+        for _ in range(count):
             tag = self.uvarint()
             size = self.uvarint()
             end = self.pos + size
             if tag in known:
-                known[tag](self)
+                values[tag] = known[tag](self)
                 if self.pos != end:
                     raise MetadataDecodeError(f"tagged field {tag} has size {size} but decoded {self.pos - end + size}")
             else:
                 self.skip(size)
+        return values
+
+
+_INT8 = struct.Struct(">b")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+# RemoteLogSegmentMetadataRecord: StartOffset, EndOffset, BrokerId, MaxTimestampMs, EventTimestampMs
+_SEGMENT_FIELDS = struct.Struct(">qqiqq")
+_EPOCH_ENTRY = struct.Struct(">iq")  # LeaderEpoch, Offset
+_BROKER_EVENT = struct.Struct(">iq")  # BrokerId, EventTimestampMs
+_NO_TAGS: Mapping[int, object] = MappingProxyType({})
+# Every record names its partition: one TopicIdPartition per (name, id, partition), not one per
+# record, which also keeps a replay from holding a million equal copies.
+_partitions: dict[tuple[str, bytes, int], TopicIdPartition] = {}
+_MAX_PARTITIONS_KEPT = 65536
 
 
 def _read_topic_id_partition(rd: _Reader) -> TopicIdPartition:
     name = rd.read(r.read_compact_string)
-    topic_id = rd.uuid()
+    raw_id = rd.uuid_bytes()
     partition = rd.int32()
-    rd.tagged_fields({})
-    return TopicIdPartition(topic_id, name, partition)
+    rd.tagged_fields()
+    key = (name, raw_id, partition)
+    tp = _partitions.get(key)
+    if tp is None:
+        if len(_partitions) >= _MAX_PARTITIONS_KEPT:
+            _partitions.clear()
+        topic_id = _ZERO_UUID if raw_id == _ZERO_UUID.bytes else uuid.UUID(bytes=raw_id)
+        tp = _partitions[key] = TopicIdPartition(topic_id, name, partition)
+    return tp
 
 
 def _read_segment_id(rd: _Reader) -> RemoteLogSegmentId:
     tp = _read_topic_id_partition(rd)
     segment_uuid = rd.uuid()
-    rd.tagged_fields({})
+    rd.tagged_fields()
     return RemoteLogSegmentId(tp, segment_uuid)
 
 
 def _segment_state(value: int) -> RemoteLogSegmentState:
     try:
-        return RemoteLogSegmentState(value)
-    except ValueError:
+        return _SEGMENT_STATES[value]
+    except KeyError:
         raise MetadataDecodeError(f"unknown remote log segment state id {value}") from None
+
+
+_SEGMENT_STATES = {int(state): state for state in RemoteLogSegmentState}
+# Tagged fields by version: 0 TxnIndexEmpty; from version 1, 1 BrokerLeaderEpoch.
+_SEGMENT_TAGS = {0: MappingProxyType({0: _Reader.boolean}),
+                 1: MappingProxyType({0: _Reader.boolean, 1: _Reader.int32})}
+# Update and partition delete records, from version 1: 0 BrokerLeaderEpoch, 1 EndOffset (not kept).
+_EPOCH_END_TAGS = {0: MappingProxyType({}), 1: MappingProxyType({0: _Reader.int32, 1: _Reader.int64})}
 
 
 def _read_segment(rd: _Reader, version: int) -> RemoteLogSegmentMetadata:
     segment_id = _read_segment_id(rd)
-    start_offset = rd.int64()
-    end_offset = rd.int64()
-    broker_id = rd.int32()
-    max_timestamp_ms = rd.int64()
-    event_timestamp_ms = rd.int64()
+    start_offset, end_offset, broker_id, max_timestamp_ms, event_timestamp_ms = rd.fixed(_SEGMENT_FIELDS)
     count = rd.read(r.read_compact_array_length)
     if count is None:
         raise MetadataDecodeError("null SegmentLeaderEpochs")
     epochs: dict[int, int] = {}
     for _ in range(count):
-        epoch = rd.int32()
-        epochs[epoch] = rd.int64()
-        rd.tagged_fields({})
+        epoch, offset = rd.fixed(_EPOCH_ENTRY)
+        epochs[epoch] = offset
+        rd.tagged_fields()
     if len(epochs) != count:
         raise MetadataDecodeError("duplicate leader epoch in SegmentLeaderEpochs")
     size = rd.int32()
     rd.read(r.read_compact_string_as_bytes_nullable)  # CustomMetadata, not kept
     state = _segment_state(rd.int8())
-    tags: dict[str, object] = {}
-
-    def txn_index_empty(x: _Reader) -> None:
-        tags["txn"] = x.read(r.read_boolean)
-
-    def broker_leader_epoch(x: _Reader) -> None:
-        tags["epoch"] = x.int32()
-
-    known = {0: txn_index_empty}
-    if version >= 1:
-        known[1] = broker_leader_epoch
-    rd.tagged_fields(known)
+    tags = rd.tagged_fields(_SEGMENT_TAGS[version])
     return RemoteLogSegmentMetadata(
         segment_id=segment_id,
         start_offset=start_offset,
         end_offset=end_offset,
         max_timestamp_ms=max_timestamp_ms,
-        leader_epoch=int(tags.get("epoch", broker_id)),  # type: ignore[call-overload]
+        leader_epoch=int(tags.get(1, broker_id)),  # type: ignore[call-overload]
         event_timestamp_ms=event_timestamp_ms,
         # Kafka keeps them in a map; the order on the wire is not a promise.
-        segment_leader_epochs=tuple(sorted(epochs.items())),
+        segment_leader_epochs=tuple(sorted(epochs.items())) if count > 1 else tuple(epochs.items()),
         segment_size_in_bytes=size,
         state=state,
-        txn_index_empty=bool(tags.get("txn", False)),
+        txn_index_empty=bool(tags.get(0, False)),
     )
 
 
 def _read_update(rd: _Reader, version: int) -> RemoteLogSegmentMetadataUpdate:
     segment_id = _read_segment_id(rd)
-    broker_id = rd.int32()
-    event_timestamp_ms = rd.int64()
+    broker_id, event_timestamp_ms = rd.fixed(_BROKER_EVENT)
     rd.read(r.read_compact_string_as_bytes_nullable)  # CustomMetadata, not kept
     state = _segment_state(rd.int8())
-    tags: dict[str, int] = {}
-    known: dict[int, Callable[[_Reader], None]] = {}
-    if version >= 1:
-        known[0] = lambda x: tags.__setitem__("epoch", x.int32())
-        known[1] = lambda x: tags.__setitem__("end", x.int64())  # EndOffset, not kept
-    rd.tagged_fields(known)
-    epoch = tags.get("epoch", -1)
+    epoch = rd.tagged_fields(_EPOCH_END_TAGS[version]).get(0, -1)
     return RemoteLogSegmentMetadataUpdate(
         segment_id=segment_id,
         event_timestamp_ms=event_timestamp_ms,
         state=state,
-        leader_epoch=epoch if epoch != -1 else broker_id,
+        leader_epoch=epoch if epoch != -1 else broker_id,  # type: ignore[arg-type]
     )
 
 
 def _read_partition_delete(rd: _Reader, version: int) -> RemotePartitionDeleteMetadata:
     tp = _read_topic_id_partition(rd)
-    broker_id = rd.int32()
-    event_timestamp_ms = rd.int64()
+    broker_id, event_timestamp_ms = rd.fixed(_BROKER_EVENT)
     value = rd.int8()
     try:
         state = RemotePartitionDeleteState(value)
     except ValueError:
         raise MetadataDecodeError(f"unknown remote partition delete state id {value}") from None
-    tags: dict[str, int] = {}
-    known: dict[int, Callable[[_Reader], None]] = {}
-    if version >= 1:
-        known[0] = lambda x: tags.__setitem__("epoch", x.int32())
-        known[1] = lambda x: tags.__setitem__("end", x.int64())
-    rd.tagged_fields(known)
-    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, tags.get("epoch", broker_id))
+    epoch = rd.tagged_fields(_EPOCH_END_TAGS[version]).get(0, broker_id)
+    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, epoch)  # type: ignore[arg-type]
 
 
 def _read_truncation(rd: _Reader, version: int) -> RemoteLogTruncation:
@@ -345,7 +376,7 @@ def _read_truncation(rd: _Reader, version: int) -> RemoteLogTruncation:
     leader_epoch = rd.int32()
     event_timestamp_ms = rd.int64()
     offset = rd.int64()
-    rd.tagged_fields({})
+    rd.tagged_fields()
     return RemoteLogTruncation(tp, offset, leader_epoch, event_timestamp_ms)
 
 
@@ -376,8 +407,9 @@ def deserialize(data: bytes | memoryview) -> RemoteLogMetadata:
     except MetadataDecodeError:
         raise
     # kio raises its own DecodeError (underflow), ValueError (bad boolean, bad varint) or
-    # UnicodeDecodeError (a name that is not UTF-8); our model raises ValueError on bad offsets.
-    except (DecodeError, ValueError, OverflowError) as exc:
+    # UnicodeDecodeError (a name that is not UTF-8); struct raises struct.error (a short fixed
+    # field); our model raises ValueError on bad offsets.
+    except (DecodeError, ValueError, OverflowError, struct.error) as exc:
         raise MetadataDecodeError(f"malformed remote log metadata record: {exc}") from exc
     if rd.pos != len(data):
         raise MetadataDecodeError(f"{len(data) - rd.pos} trailing bytes after a record of api key {api_key}")
