@@ -10,7 +10,8 @@ Whether the upstream listener wants SASL does not follow from ``security.protoco
 (the setting of the proxy's own connections): the proxy learns it (`UpstreamListener`).
 
 - ``security.protocol`` SASL_*: every connection gets a SaslGate, the broker's rules
-  (only SASL requests and small frames until the login completed; no filter runs).
+  (only SASL requests and small frames until the login completed; no filter runs but
+  ApiVersions', so that the versions the client keeps are the proxy's).
 - Otherwise a LearningGate. The bound holds until the connection is known not to need
   a login: the listener is known to take requests without one, or the broker answered
   this connection a request other than ApiVersions and SASL (a SASL listener would have
@@ -101,6 +102,12 @@ class SaslGate:
     def bound(self) -> str:
         return REQUEST_BOUND if self.authenticated else PRE_AUTHENTICATION_BOUND
 
+    def filtered(self, api_key: int) -> bool:
+        """Whether the proxy's filters may see a request of `api_key`: all once authenticated;
+        before, only ApiVersions, whose answer a SASL client asks before it logs in and then
+        keeps for the connection (so it must be the proxy's ranges, not the broker's)."""
+        return self.authenticated or api_key == ApiKey.API_VERSIONS
+
     def check_request(self, header: RequestHeader, body: memoryview) -> ResponseObserver | None:
         """Refuse what the broker refuses before authentication; note the mechanism. For a
         SaslAuthenticate, the observer that counts its response."""
@@ -174,6 +181,10 @@ class LearningGate:
     @property
     def bound(self) -> str:
         return self._sasl.bound if self._sasl is not None else REQUEST_BOUND if self._open else PRE_AUTHENTICATION_BOUND
+
+    def filtered(self, api_key: int) -> bool:
+        """As SaslGate's once the client started a login; every request otherwise."""
+        return self._sasl is None or self._sasl.filtered(api_key)
 
     def check_request(self, header: RequestHeader, body: memoryview) -> ResponseObserver | None:
         if self._sasl is not None:

@@ -369,7 +369,7 @@ class ClientConnection(asyncio.Protocol):
             self.close(str(e), level=logging.WARNING, label="unauthenticated")
             return
         slot = self._orderer.reserve(header.api_key, header.correlation_id)
-        chain = self._filters.chain(header.api_key, header.api_version) if gate.authenticated else ()
+        chain = self._filters.chain(header.api_key, header.api_version) if gate.filtered(header.api_key) else ()
         if not chain:
             self._metrics.forwarded(header.api_key)
             self._send_upstream(encode_frame(body), _InFlight(

@@ -9,11 +9,12 @@ import asyncio
 import random
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from tierproxy.config import Config, parse
+from tierproxy.proxy.filters import Filter, FilterChains
 from tierproxy.proxy.metrics import ProxyMetrics
 from tierproxy.proxy.serve import build_filters
 from tierproxy.proxy.server import ProxyServer
@@ -57,9 +58,11 @@ def proxy_config(bootstrap: str, nodes: int = 3, **overrides: Any) -> Config:
 class ProxyThread:
     """A ProxyServer on its own uvloop event loop in a background thread."""
 
-    def __init__(self, config: Config, metrics: ProxyMetrics | None = None, *, discover: bool = True) -> None:
+    def __init__(self, config: Config, metrics: ProxyMetrics | None = None, *, discover: bool = True,
+                 extra_filters: Sequence[Filter] = ()) -> None:
         self.config = config
         self.discover = discover
+        self.extra_filters = tuple(extra_filters)  # after the proxy's own
         self.metrics = metrics if metrics is not None else ProxyMetrics()
         self.server: ProxyServer | None = None
         self._ready = threading.Event()
@@ -74,7 +77,8 @@ class ProxyThread:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            server = ProxyServer(self.config, build_filters(self.config, self.metrics), self.metrics)
+            filters = FilterChains([*build_filters(self.config, self.metrics), *self.extra_filters])
+            server = ProxyServer(self.config, filters, self.metrics)
             try:
                 await server.start(discover=self.discover)
                 self.server = server

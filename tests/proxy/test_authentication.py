@@ -73,10 +73,14 @@ def test_a_sasl_handshake_hands_the_connection_to_the_brokers_rules():
     gate = _listener().gate()
     assert gate.check_request(*_handshake("PLAIN")) is None
     assert not gate.authenticated and gate.max_frame_bytes == PRE_AUTH
+    # Filters see only ApiVersions until the login is done.
+    assert gate.filtered(ApiKey.API_VERSIONS) and not gate.filtered(ApiKey.FETCH)
+    assert not gate.filtered(ApiKey.SASL_AUTHENTICATE)
     with pytest.raises(UnauthenticatedRequest):
         gate.check_request(*_request(ApiKey.FETCH, 12))
     gate.check_request(*_request(ApiKey.SASL_AUTHENTICATE, 1))(_authenticate_response(0))
     assert gate.authenticated and gate.max_frame_bytes == AFTER
+    assert gate.filtered(ApiKey.FETCH)
 
 
 def test_a_broker_closing_an_unanswered_connection_makes_a_plaintext_belief_doubtful():

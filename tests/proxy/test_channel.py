@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Iterator
+from types import MappingProxyType
 
 import pytest
 from confluent_kafka import Producer
@@ -17,6 +19,7 @@ from confluent_kafka import Producer
 from tierproxy.protocol.apis import ApiKey, OffsetSpec
 from tierproxy.protocol.codecs import decode_response_frame, encode_request
 from tierproxy.protocol.headers import encode_request_header
+from tierproxy.proxy.filters import Filter
 from tierproxy.protocol.requests import list_offsets_request
 from testbed.kafka import ADMIN_USER
 from testbed.raw import api_versions, closed_by_peer, frame, read_frames, sasl_handshake, sasl_plain
@@ -225,3 +228,40 @@ def test_frames_over_sasl_server_max_receive_size_close_before_login_only(secure
     producer.produce(name, value=b"x" * 600 * 1024, on_delivery=lambda error, _: errors.append(error))
     assert producer.flush(30) == 0 and errors == [None]
     secure_kafka.delete_topic(name)
+
+
+def _api_versions(address_: tuple[str, int], ca: str | None = None) -> dict[int, tuple[int, int]]:
+    """ApiVersions v0 on a new connection (TLS with `ca`), before any login: {api key: (min, max)}."""
+    with socket.create_connection(address_) as plain:
+        sock = ssl.create_default_context(cafile=ca).wrap_socket(plain, server_hostname=address_[0]) if ca else plain
+        sock.sendall(api_versions(1))
+        (answer,) = read_frames(sock, 1)
+    _, response = decode_response_frame(ApiKey.API_VERSIONS, 0, frame(answer))
+    assert response.error_code == 0
+    return {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in response.api_keys}
+
+
+class _MetadataUpToV4(Filter):
+    """A filter that reads Metadata only up to v4: the proxy must offer no later version."""
+
+    apis = MappingProxyType({ApiKey.METADATA: range(0, 5)})
+
+
+def test_a_sasl_client_gets_the_proxys_api_versions_before_it_logs_in(secure_kafka):
+    """A SASL client asks ApiVersions once, before its login, and keeps the answer: it must
+    be the proxy's ranges (capped where a filter reads fewer versions), not the broker's."""
+    properties = secure_kafka.tierproxy_properties(mechanism="PLAIN")
+    config = proxy_config(secure_kafka.bootstrap_servers, 1, **properties)
+    assert config["security.protocol"].startswith("SASL_")  # every connection behind the SASL gate
+    proxy = ProxyThread(config, discover=False, extra_filters=[_MetadataUpToV4()]).start()
+    try:
+        broker_host, broker_port = secure_kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+        broker = _api_versions((broker_host, int(broker_port)), secure_kafka.client_config().get("ssl.ca.location"))
+        proxied = _api_versions(address(proxy))
+        filters = proxy.server.services.filters
+    finally:
+        proxy.stop()
+    assert broker[ApiKey.METADATA][1] > 4
+    assert proxied[ApiKey.METADATA] == (broker[ApiKey.METADATA][0], 4)
+    assert proxied == {api_key: filters.advertised_versions(api_key, *versions) if filters.filters_of(api_key)
+                       else versions for api_key, versions in broker.items()}
