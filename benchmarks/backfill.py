@@ -17,7 +17,8 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   same with the segments encrypted (`remote.log.storage.encryption.*`, AES-256-GCM, tiered
   a second time into a store of their own), so that the CPU s/GB of (c) and (x) side by
   side are the cost of decryption; (d) the same as (c) from S3; (f) from S3 through testbed.latency's relay, which holds back the first byte
-  of every response `--first-byte-ms` (20) as a real object store does; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
+  of every response `--first-byte-ms` (20) as a real object store does (the relay's own CPU is
+  reported beside the proxy's); (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
   with `proxy.workers=1` and `proxy.workers=2`;
 - `<name>` on the native broker, topic `remote.storage.enable=true`,
   `local.retention.bytes=1`, tiered by Kafka itself (`LocalTieredStorage` from the
@@ -312,29 +313,37 @@ def replay(bootstrap: str, topic: str, expected_records: int, client_config: dic
 
 
 class Measured:
-    """One replay: the loadtest's summary and the CPU seconds of the broker and the proxy."""
+    """One replay: the loadtest's summary and the CPU seconds of the broker, the proxy and (f)
+    the latency relay between the proxy and the object store."""
 
-    def __init__(self, summary, broker_cpu: float, proxy_cpu: float, counters: dict[str, float] | None) -> None:
+    def __init__(self, summary, broker_cpu: float, proxy_cpu: float, counters: dict[str, float] | None,
+                 relay_cpu: float | None = None) -> None:
         self.summary = summary
         self.broker_cpu = broker_cpu
         self.proxy_cpu = proxy_cpu
         self.counters = counters
+        self.relay_cpu = relay_cpu
 
     def per_gb(self, seconds: float) -> float:
         return seconds / (self.summary.bytes / 1e9)
 
 
 def measured_replays(bootstrap: str, topic: str, records: int, client_config: dict[str, str], broker_pid: int,
-                     proxy: dict | None, metrics_port: int | None, replays: int) -> list[Measured]:
+                     proxy: dict | None, metrics_port: int | None, replays: int,
+                     relay_pid: int | None = None) -> list[Measured]:
     """A cold and a warm replay, back to back, on the same broker (and proxy process)."""
     out = []
     for _ in ("cold", "warm"):
         broker = cpu_seconds(broker_pid)
         proxy_cpu = tree_cpu_seconds(proxy["pid"]) if proxy else 0.0
+        relay_cpu = cpu_seconds(relay_pid) if relay_pid else None
         summary = replay(bootstrap, topic, records, client_config, replays=replays)
         broker = cpu_seconds(broker_pid) - broker
         proxy_cpu = tree_cpu_seconds(proxy["pid"]) - proxy_cpu if proxy else 0.0
-        out.append(Measured(summary, broker, proxy_cpu, proxy_counters(metrics_port) if metrics_port else None))
+        if relay_cpu is not None:
+            relay_cpu = cpu_seconds(relay_pid) - relay_cpu
+        out.append(Measured(summary, broker, proxy_cpu, proxy_counters(metrics_port) if metrics_port else None,
+                            relay_cpu))
     return out
 
 
@@ -381,7 +390,7 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client
     with proxy_process(serving, data.workdir / f"proxy-{case}-{round_}", profile) as proxy:
         return measured_replays(proxy["bootstrap"], data.local_topic if case == "b" else data.remote_topic,
                                 data.records, client_config, kafka.pids[0], proxy, int(serving["metrics.port"]),
-                                replays)
+                                replays, relay.pid if case == "f" else None)
 
 
 def main() -> int:
@@ -500,17 +509,19 @@ def print_table(rows: list) -> None:
     """The best round of each case (by MB/s), with the median MB/s and CPU of its rounds."""
     print()
     print("| partitions | case | replay | MB | MB/s best / median | vs (a) | vs (e) | fetch p50 / p99 ms "
-          "| broker CPU s/GB | proxy CPU s/GB best / median |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| broker CPU s/GB | proxy CPU s/GB best / median | relay CPU s/GB best / median |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for partitions, case, label, phase, run, direct, native_run, runs in rows:
         summary = run.summary
         versus = [f"{summary.mb_per_s / other.summary.mb_per_s:.2f}" if other else "-" for other in (direct, native_run)]
         median_mbs = statistics.median(r.summary.mb_per_s for r in runs)
         proxy_cpus = [r.per_gb(r.proxy_cpu) for r in runs]
+        relay_cpus = [r.per_gb(r.relay_cpu) for r in runs if r.relay_cpu is not None]
+        relay = f"{min(relay_cpus):.2f} / {statistics.median(relay_cpus):.2f}" if relay_cpus else "-"
         print(f"| {partitions} | ({case}) {label} | {phase} | {summary.bytes / MB:.1f} | {summary.mb_per_s:.1f} / "
               f"{median_mbs:.1f} | {versus[0]} | {versus[1]} | {_ms(summary.fetch_latency_p50_ms)} / "
               f"{_ms(summary.fetch_latency_p99_ms)} | {run.per_gb(run.broker_cpu):.2f} | "
-              f"{min(proxy_cpus):.2f} / {statistics.median(proxy_cpus):.2f} |", flush=True)
+              f"{min(proxy_cpus):.2f} / {statistics.median(proxy_cpus):.2f} | {relay} |", flush=True)
 
 
 def print_floor(partitions: int, floors: dict[str, list[float]], results: dict) -> None:
@@ -538,6 +549,8 @@ def _line(run: Measured) -> str:
         line += (f"  proxy CPU {run.proxy_cpu:.2f}s, remote reads {counters['reads']:.0f} "
                  f"({counters['expired']:.0f} expired, mean "
                  f"{_ms(1000 * counters['read_s'] / max(counters['reads'], 1))} ms)")
+    if run.relay_cpu is not None:
+        line += f", relay CPU {run.relay_cpu:.2f}s"
     return line
 
 

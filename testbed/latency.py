@@ -124,6 +124,13 @@ class LatencyRelay:
     def endpoint_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The relay's process (its CPU is measured beside the proxy's)."""
+        if self._process is None:
+            raise RuntimeError("the latency relay is not running")
+        return self._process.pid
+
     def __enter__(self) -> LatencyRelay:
         self._log.parent.mkdir(parents=True, exist_ok=True)
         self._process = spawn([sys.executable, "-m", "testbed.latency", "--listen", str(self.port), "--to",
