@@ -14,7 +14,11 @@ measures, for each backend (local files, S3):
 
     .venv/bin/python benchmarks/tier_throughput.py --mb 300 --partitions 2
 
-The target is >= 100 MB/s per core to local files. Everything it starts is stopped at the end.
+The target is >= 100 MB/s per core to local files. With `--copy-quota MB` the pipeline's
+copy quota (`remote.log.manager.copy.max.bytes.per.second`, KIP-956, for all tasks
+together) is set, and the `spark` rows also give their rate as a fraction of the quota
+(the `task` rows call the copy task without it: the quota is a pass's).
+Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmark_data import MB, produce  # beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # testbed/ is not installed
+
+from benchmark_data import MB, produce  # noqa: E402 - beside this script
 
 
 
-def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None):
+def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None, copy_quota_mb: float | None = None):
     from tierproxy.config import parse
 
     properties = {
@@ -49,6 +55,8 @@ def config_for(tmp: Path, bootstrap: str, topic: str, backend: str, s3=None):
         properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote")}
     else:
         properties |= s3.storage_properties(f"bench-{int(time.time())}")
+    if copy_quota_mb is not None:
+        properties["remote.log.manager.copy.max.bytes.per.second"] = str(int(copy_quota_mb * MB))
     return parse(properties)
 
 
@@ -113,6 +121,7 @@ def main() -> int:
     parser.add_argument("--backends", default="local,s3")
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--repeats", type=int, default=2, help="task runs per backend; the best counts")
+    parser.add_argument("--copy-quota", type=float, metavar="MB", help="the copy quota in MB/s (default: none)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -136,7 +145,7 @@ def main() -> int:
                 started = time.perf_counter()
                 produce(kafka.bootstrap_servers, topic, args.partitions, args.mb)
                 produce_s = time.perf_counter() - started
-                config = config_for(tmp / topic, kafka.bootstrap_servers, topic, backend, s3)
+                config = config_for(tmp / topic, kafka.bootstrap_servers, topic, backend, s3, args.copy_quota)
                 cpu = None
                 if mode == "task":
                     copied, seconds, cpu = asyncio.run(measure_task(config, args.repeats))
@@ -148,16 +157,20 @@ def main() -> int:
                 per_cpu = copied / MB / cpu if cpu else None
                 rows.append((backend, mode, cores, copied / MB, seconds, rate, rate / cores, per_cpu))
                 cpu_text = f", {per_cpu:.1f} MB per CPU-second" if per_cpu else ""
+                quota_text = f", {rate / args.copy_quota:.2f}x the copy quota" if args.copy_quota and mode == "spark" else ""
                 print(f"{backend:5} {mode:5} cores={cores} {copied / MB:8.1f} MB in {seconds:6.2f}s "
-                      f"= {rate:7.1f} MB/s, {rate / cores:7.1f} MB/s per core{cpu_text} "
+                      f"= {rate:7.1f} MB/s, {rate / cores:7.1f} MB/s per core{cpu_text}{quota_text} "
                       f"(produced in {produce_s:.1f}s)", flush=True)
                 kafka.delete_topic(topic)
     print()
-    print("| backend | measured | cores | MB | seconds | MB/s | MB/s per core | MB per CPU-second |")
-    print("|---|---|---|---|---|---|---|---|")
+    quota = f" | x the {args.copy_quota:g} MB/s copy quota" if args.copy_quota else ""
+    print(f"| backend | measured | cores | MB | seconds | MB/s | MB/s per core | MB per CPU-second{quota} |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if quota else ""))
     for backend, mode, cores, mb, seconds, rate, per_core, per_cpu in rows:
         cpu_cell = f"{per_cpu:.1f}" if per_cpu else "-"
-        print(f"| {backend} | {mode} | {cores} | {mb:.1f} | {seconds:.2f} | {rate:.1f} | {per_core:.1f} | {cpu_cell} |")
+        quota_cell = "" if not args.copy_quota else f" {rate / args.copy_quota:.2f} |" if mode == "spark" else " - |"
+        print(f"| {backend} | {mode} | {cores} | {mb:.1f} | {seconds:.2f} | {rate:.1f} | {per_core:.1f} | {cpu_cell} |"
+              f"{quota_cell}")
     return 0
 
 
