@@ -327,6 +327,11 @@ REMOTE_LOG_STORAGE_ENCRYPTION_KEYS = _define("remote.log.storage.encryption.keys
 REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY = _define("remote.log.storage.encryption.active.key", str, "",
         "Id of the key that wraps the data keys of segments copied from now on; empty copies them "
         "unencrypted (segments already encrypted stay readable with their keys).", "remote storage encryption")
+REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED = _define("remote.log.storage.encryption.required", bool, False,
+        "Refuse to read a segment stored unencrypted (its manifest says so), as if it were corrupt: set it "
+        "once every segment is encrypted (`tierproxy status` tells), so that a manifest replaced by one "
+        "without encryption serves nothing. Needs remote.log.storage.encryption.active.key.",
+        "remote storage encryption")
 
 # Remote log metadata
 REMOTE_LOG_METADATA_BACKEND = _define("remote.log.metadata.backend", str, "file",
@@ -688,6 +693,9 @@ def _check_encryption(values: Mapping[str, Any]) -> None:
         listed = ", ".join(ids) if ids else "no key"
         raise ConfigError(f"remote.log.storage.encryption.active.key={active}: not a key of "
                           f"remote.log.storage.encryption.keys (it lists {listed})")
+    if values["remote.log.storage.encryption.required"] and not active:
+        raise ConfigError("remote.log.storage.encryption.required=true needs "
+                          "remote.log.storage.encryption.active.key: new segments would be refused when read")
     if values["remote.log.storage.s3.sse.kms.key.id"] and values["remote.log.storage.s3.sse"] != "aws:kms":
         raise ConfigError("remote.log.storage.s3.sse.kms.key.id needs remote.log.storage.s3.sse=aws:kms")
 

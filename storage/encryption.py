@@ -42,9 +42,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tierproxy.config import REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
-    ConfigError, key_files
+    REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED, ConfigError, key_files
 
-from .errors import CorruptRemoteSegment, DecryptionFailed, EncryptionKeyNotFound, WrongEncryptionKey
+from .errors import CorruptRemoteSegment, DecryptionFailed, EncryptionKeyNotFound, UnencryptedSegment, WrongEncryptionKey
 from .manifest import BLOCK_BYTES, TAG_BYTES, SegmentEncryption
 
 KEY_BYTES = 32
@@ -112,13 +112,15 @@ class KeyEncryptionKey:
 
 class KeyRing:
     """The configured key-encryption keys by id, and the active one that wraps the data keys
-    of new segments (None: new segments are copied unencrypted)."""
+    of new segments (None: new segments are copied unencrypted). `required`: a segment stored
+    unencrypted is refused when read."""
 
-    def __init__(self, keys: Iterable[KeyEncryptionKey] = (), active: str = "") -> None:
+    def __init__(self, keys: Iterable[KeyEncryptionKey] = (), active: str = "", required: bool = False) -> None:
         self.keys: Mapping[str, KeyEncryptionKey] = {key.key_id: key for key in keys}
         if active and active not in self.keys:
             raise ValueError(f"active key {active!r} is not one of {sorted(self.keys)}")
         self.active = self.keys[active] if active else None
+        self.required = required
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any) -> KeyRing:
@@ -129,7 +131,8 @@ class KeyRing:
             raise ConfigError(f"{_KEYS}: {e}") from None
         keys = [KeyEncryptionKey.read(key_id, path) for key_id, path in files.items()]
         try:
-            return cls(keys, config[REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY])
+            return cls(keys, config[REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY],
+                       config[REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED])
         except ValueError as e:
             raise ConfigError(f"{REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY.name}: {e}") from None
 
@@ -145,6 +148,12 @@ class KeyRing:
         data_key = AESGCM.generate_key(bit_length=8 * KEY_BYTES)
         encryption = SegmentEncryption(self.active.key_id, self.active.wrap(data_key, segment_id), BLOCK_BYTES)
         return SegmentCipher(data_key, segment_id, encryption)
+
+    def check_unencrypted(self, segment: str) -> None:
+        """Raises UnencryptedSegment for a segment stored unencrypted when encryption is required."""
+        if self.required:
+            raise UnencryptedSegment(f"{segment} is stored unencrypted and {REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED.name}"
+                                     "=true: not copied by an encrypting pipeline, or its manifest was replaced")
 
     def open_segment(self, segment_id: uuid.UUID, encryption: SegmentEncryption, segment: str) -> SegmentCipher:
         """The cipher of a stored segment (`segment` names it in errors)."""

@@ -47,6 +47,11 @@ class DecryptionFailed(CorruptRemoteSegment):
     place, object or segment. Never served."""
 
 
+class UnencryptedSegment(CorruptRemoteSegment):
+    """A segment stored without encryption where remote.log.storage.encryption.required is
+    set: not copied so (or its manifest was replaced by one without encryption). Never served."""
+
+
 class RemoteLogMetadataError(Exception):
     """Metadata that breaks the remote log's rules (an illegal state transition, say)."""
 

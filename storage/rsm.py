@@ -444,9 +444,10 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     def _object_cipher(self, manifest: Manifest, metadata: RemoteLogSegmentMetadata,
                        object_type: ObjectType) -> ObjectCipher | None:
         """The cipher of an object of an encrypted segment; None for a plaintext one."""
-        if manifest.encryption is None:
-            return None
         segment = f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
+        if manifest.encryption is None:
+            self.keys.check_unencrypted(segment)
+            return None
         cipher = self.keys.open_segment(metadata.segment_id.id, manifest.encryption, segment)
         return cipher.object(object_type.value, _entry(manifest, metadata, object_type).size)
 

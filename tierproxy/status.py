@@ -16,7 +16,8 @@ neither in remote storage nor on the broker any more.
 It also reads the manifest of every COPY_SEGMENT_FINISHED segment for the id of the key
 that encrypts it (storage.encryption): the segments per key id, so that an operator knows
 when a retired key may leave `remote.log.storage.encryption.keys`, and, as a problem,
-every segment whose key that setting does not list (it cannot be read).
+every segment whose key that setting does not list (it cannot be read), and with
+`remote.log.storage.encryption.required=true` every segment stored unencrypted (refused).
 
 Exit codes: 0 every invariant holds and every segment's key is configured, 1 otherwise
 (each such partition is named on stderr), 2 the configuration is invalid or the
@@ -56,7 +57,8 @@ from tierproxy.storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentSt
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.config import Config, ConfigError, key_files, load, REMOTE_LOG_METADATA_BACKEND, \
-    REMOTE_LOG_METADATA_DIR, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS
+    REMOTE_LOG_METADATA_DIR, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
+    REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED
 from tierproxy.config.tables import text_table
 
 EXIT_OK = 0
@@ -196,7 +198,8 @@ async def _key_ids(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMet
 
 
 def _encryption(
-    segments: list[RemoteLogSegmentMetadata], found: list[tuple[str | None, str | None]], configured: Iterable[str]
+    segments: list[RemoteLogSegmentMetadata], found: list[tuple[str | None, str | None]], configured: Iterable[str],
+    required: bool = False,
 ) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
     """(segments per key id, problems, warnings) of one partition's segments."""
     used: Counter[str] = Counter()
@@ -210,6 +213,9 @@ def _encryption(
             if key_id not in configured:
                 problems.append(f"{name} is encrypted with key {key_id!r}, which "
                                 f"{REMOTE_LOG_STORAGE_ENCRYPTION_KEYS.name} does not list: it cannot be read")
+        elif required:
+            problems.append(f"{name} is stored unencrypted and {REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED.name}=true: "
+                            "it is refused when read")
     return dict(sorted(used.items())), tuple(problems), tuple(warnings)
 
 
@@ -258,7 +264,8 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         lx, ly, lz = earliest[tp].offset, stable[tp].offset, latest[tp].offset
         rx, ry = remote[tp]
         segments = finished[tp]
-        keys, key_problems, warnings = _encryption(segments, found[tp], configured)
+        keys, key_problems, warnings = _encryption(segments, found[tp], configured,
+                                                   config[REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED])
         partitions.append(PartitionStatus(
             tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, len(segments),
             sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,

@@ -6,7 +6,8 @@ plaintext). A proxy with both keys serves everything. A proxy whose configuratio
 k1, or holds other material under the id k1, and a proxy over a copy of the store with a
 byte of partition 1 altered or two chunks of partition 0 swapped: each refuses the one
 partition with TIERED_STORAGE_NOT_AVAILABLE (UNKNOWN_SERVER_ERROR on the wire, counted
-by cause) and serves the other partitions in full. A corrupt block further into a
+by cause) and serves the other partitions in full; so does a proxy that requires
+encryption, for the plaintext partition. A corrupt block further into a
 segment, encrypted or plaintext, still lets a consumer read the records in front of it.
 """
 
@@ -153,6 +154,14 @@ def test_a_chunk_moved_to_another_position_is_refused_and_the_other_partitions_a
     log.write_bytes(stored[step:2 * step] + stored[:step] + stored[2 * step:])
     with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
         _refused_and_others_served(encrypted, proxy, 0, "DecryptionFailed", "corrupt")
+
+
+def test_with_encryption_required_the_plaintext_partition_is_refused_and_the_others_served(encrypted):
+    """Partition 2 was copied before encryption: once encryption is required, it is refused as
+    a segment whose manifest was replaced by one without encryption would be."""
+    required = {"remote.log.storage.encryption.required": "true", "remote.log.storage.encryption.active.key": "k2"}
+    with encrypted.proxy(**required) as proxy:
+        _refused_and_others_served(encrypted, proxy, 2, "UnencryptedSegment", "corrupt")
 
 
 @pytest.mark.parametrize("partition", [1, 2], ids=["encrypted", "plaintext"])

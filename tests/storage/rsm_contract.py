@@ -28,6 +28,7 @@ from tierproxy.storage.errors import (
     EncryptionKeyNotFound,
     RemoteResourceNotFound,
     RemoteStorageError,
+    UnencryptedSegment,
     WrongEncryptionKey,
 )
 from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
@@ -630,6 +631,31 @@ class EncryptedRemoteStorageManagerContract(RemoteStorageManagerContract):
                 await read_all(retired, old.metadata, 0)
             assert await read_all(retired, new.metadata, 0) == new.log
             assert await read_all(retired, plain.metadata, 0) == plain.log
+
+    async def test_with_encryption_required_a_segment_stored_unencrypted_is_refused(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        """A segment copied again without encryption over an encrypted one, as whoever may write
+        the store could do with records of their own: read as it says, unless encryption is
+        required; then refused as corrupt, and encrypted segments still read."""
+        replaced, kept = make_segment(tmp_path, log_size=BLOCK_BYTES + 10), make_segment(tmp_path, log_size=500)
+        for segment in (replaced, kept):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        async with self.other_manager(rsm, KeyRing()) as plaintext_writer:
+            await plaintext_writer.copy_log_segment_data(replaced.metadata, replaced.data)
+        assert (await self.manifest_body(rsm, replaced))["version"] == 1
+        async with self.other_manager(rsm, rsm.keys) as lenient:
+            assert await read_all(lenient, replaced.metadata, 0) == replaced.log
+        required = KeyRing(rsm.keys.keys.values(), "k1", required=True)
+        async with self.other_manager(rsm, required) as strict:
+            with pytest.raises(UnencryptedSegment, match="stored unencrypted and "
+                               "remote.log.storage.encryption.required=true") as raised:
+                await read_all(strict, replaced.metadata, 0)
+            assert isinstance(raised.value, CorruptRemoteSegment) and not raised.value.retriable
+            with pytest.raises(UnencryptedSegment):
+                await strict.fetch_index(replaced.metadata, IndexType.OFFSET)
+            await strict.verify_segment(replaced.metadata, check_crc=True)  # what needs no reading still works
+            assert await read_all(strict, kept.metadata, 0) == kept.log
 
     async def test_empty_objects_are_sealed_too(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
         segment = make_segment(tmp_path, log_size=1)

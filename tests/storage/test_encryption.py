@@ -84,6 +84,17 @@ def test_the_keys_setting_is_checked_when_the_file_is_parsed(keys, active, messa
     assert message in str(raised.value)
 
 
+def test_encryption_required_needs_an_active_key(tmp_path):
+    with pytest.raises(ConfigError, match="encryption.required=true needs remote.log.storage.encryption.active.key"):
+        parse({"bootstrap.servers": "b:9092", "remote.log.storage.encryption.keys": f"k1:{tmp_path}/k1.key",
+               "remote.log.storage.encryption.required": "true"})
+    ring_ = KeyRing.from_config(parse({
+        "bootstrap.servers": "b:9092", "remote.log.storage.encryption.keys": f"k1:{key_file(tmp_path, 'k1')}",
+        "remote.log.storage.encryption.active.key": "k1", "remote.log.storage.encryption.required": "true"}).values)
+    assert ring_.required and ring_.active is ring_.keys["k1"]
+    assert not KeyRing.from_config(config(f"k1:{key_file(tmp_path, 'k1')}", active="k1")).required
+
+
 def test_sse_kms_key_needs_aws_kms():
     with pytest.raises(ConfigError, match="needs remote.log.storage.s3.sse=aws:kms"):
         parse({"bootstrap.servers": "b:9092", "remote.log.storage.s3.sse": "AES256",

@@ -255,6 +255,16 @@ async def test_segments_per_encryption_key_and_those_whose_key_is_not_configured
     assert table.returncode == 1
     assert any(line.split() == ["k1", "NOT", "CONFIGURED", "1"] for line in table.stdout.splitlines())
 
+    # Encryption required: the segment copied before encryption is the one problem.
+    required = _write_properties(tmp_path / "required.properties", bootstrap, tmp_path, [name], **{
+        "remote.log.storage.encryption.keys": both, "remote.log.storage.encryption.active.key": "k2",
+        "remote.log.storage.encryption.required": "true"})
+    strict = _status(required)
+    assert strict.returncode == 1
+    assert (f"{name}-0: segment {plain.segment_id.id} (offsets {plain.start_offset}-{plain.end_offset}) is stored "
+            "unencrypted and remote.log.storage.encryption.required=true: it is refused when read") in strict.stderr
+    assert str(under_k1.segment_id.id) not in strict.stderr and str(under_k2.segment_id.id) not in strict.stderr
+
 
 def test_an_unreadable_key_file_is_an_invalid_configuration(tmp_path):
     properties = _write_properties(tmp_path / "p.properties", "127.0.0.1:1", tmp_path, ["orders"], **{
