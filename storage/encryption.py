@@ -36,7 +36,7 @@ import struct
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -149,11 +149,10 @@ class KeyRing:
         encryption = SegmentEncryption(self.active.key_id, self.active.wrap(data_key, segment_id), BLOCK_BYTES)
         return SegmentCipher(data_key, segment_id, encryption)
 
-    def check_unencrypted(self, segment: str) -> None:
-        """Raises UnencryptedSegment for a segment stored unencrypted when encryption is required."""
-        if self.required:
-            raise UnencryptedSegment(f"{segment} is stored unencrypted and {REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED.name}"
-                                     "=true: not copied by an encrypting pipeline, or its manifest was replaced")
+    def refuse_unencrypted(self, segment: str) -> NoReturn:
+        """Raises UnencryptedSegment: `segment` is stored unencrypted and encryption is required."""
+        raise UnencryptedSegment(f"{segment} is stored unencrypted and {REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED.name}"
+                                 "=true: not copied by an encrypting pipeline, or its manifest was replaced")
 
     def open_segment(self, segment_id: uuid.UUID, encryption: SegmentEncryption, segment: str) -> SegmentCipher:
         """The cipher of a stored segment (`segment` names it in errors)."""

@@ -90,6 +90,11 @@ def partition_key_prefix(prefix: str, topic_id_partition: TopicIdPartition) -> s
     return f"{head}{tip.topic}-{kafka_uuid(tip.topic_id)}/{tip.partition}/"
 
 
+def _segment_name(metadata: RemoteLogSegmentMetadata) -> str:
+    """How errors name a segment."""
+    return f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
+
+
 def segment_key_prefix(prefix: str, metadata: RemoteLogSegmentMetadata) -> str:
     """Every object of a segment has a key starting with this (it ends with '.')."""
     partition = partition_key_prefix(prefix, metadata.topic_id_partition)
@@ -444,11 +449,11 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     def _object_cipher(self, manifest: Manifest, metadata: RemoteLogSegmentMetadata,
                        object_type: ObjectType) -> ObjectCipher | None:
         """The cipher of an object of an encrypted segment; None for a plaintext one."""
-        segment = f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
         if manifest.encryption is None:
-            self.keys.check_unencrypted(segment)
+            if self.keys.required:
+                self.keys.refuse_unencrypted(_segment_name(metadata))
             return None
-        cipher = self.keys.open_segment(metadata.segment_id.id, manifest.encryption, segment)
+        cipher = self.keys.open_segment(metadata.segment_id.id, manifest.encryption, _segment_name(metadata))
         return cipher.object(object_type.value, _entry(manifest, metadata, object_type).size)
 
     async def _manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
@@ -456,7 +461,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         if cached is not None:
             return cached
         key = self._key(metadata, ObjectType.MANIFEST)
-        segment = f"segment {metadata.segment_id.id} of {metadata.topic_id_partition}"
+        segment = _segment_name(metadata)
         try:
             data = await self._get_bytes(key)
         except RemoteResourceNotFound:
