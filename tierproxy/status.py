@@ -199,7 +199,7 @@ async def _key_ids(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMet
 
 def _encryption(
     segments: list[RemoteLogSegmentMetadata], found: list[tuple[str | None, str | None]], configured: Iterable[str],
-    required: bool = False,
+    required: bool,
 ) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
     """(segments per key id, problems, warnings) of one partition's segments."""
     used: Counter[str] = Counter()

@@ -55,6 +55,7 @@ TRUNCATION_API_KEY = 100
 WRITE_VERSION = 0
 _READ_VERSIONS = (0, 1)
 _ZERO_UUID = uuid.UUID(int=0)
+_ZERO_UUID_BYTES = bytes(16)
 
 
 class MetadataDecodeError(RemoteLogMetadataError):
@@ -185,6 +186,14 @@ def serialize(record: RemoteLogMetadata) -> bytes:
 # ---------------------------------------------------------------------------- reading
 
 
+def _uuid_of(raw: bytes) -> uuid.UUID:
+    """Kafka's zero uuid as the one object, the rest as read."""
+    return _ZERO_UUID if raw == _ZERO_UUID_BYTES else uuid.UUID(bytes=raw)
+
+
+_NO_TAGS: Mapping[int, object] = MappingProxyType({})
+
+
 class _Reader:
     """A cursor over one record. Fixed-size fields are read with `struct` (several at once where
     the schema puts them side by side), the rest with kio's native readers, which return
@@ -234,16 +243,14 @@ class _Reader:
         return raw
 
     def uuid(self) -> uuid.UUID:
-        raw = self.uuid_bytes()
-        return _ZERO_UUID if raw == _ZERO_UUID.bytes else uuid.UUID(bytes=raw)
+        return _uuid_of(self.uuid_bytes())
 
     def skip(self, size: int) -> None:
         if self.pos + size > len(self.data):
             raise MetadataDecodeError("tagged field runs past the end of the record")
         self.pos += size
 
-    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], object]] = MappingProxyType({})
-                      ) -> Mapping[int, object]:
+    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], object]] = _NO_TAGS) -> Mapping[int, object]:
         """Reads a tagged-field section: the values of the known tags present; unknown ones skipped."""
         count = self.uvarint()
         if not count:
@@ -269,7 +276,6 @@ _INT64 = struct.Struct(">q")
 _SEGMENT_FIELDS = struct.Struct(">qqiqq")
 _EPOCH_ENTRY = struct.Struct(">iq")  # LeaderEpoch, Offset
 _BROKER_EVENT = struct.Struct(">iq")  # BrokerId, EventTimestampMs
-_NO_TAGS: Mapping[int, object] = MappingProxyType({})
 # Every record names its partition: one TopicIdPartition per (name, id, partition), not one per
 # record, which also keeps a replay from holding a million equal copies.
 _partitions: dict[tuple[str, bytes, int], TopicIdPartition] = {}
@@ -286,8 +292,7 @@ def _read_topic_id_partition(rd: _Reader) -> TopicIdPartition:
     if tp is None:
         if len(_partitions) >= _MAX_PARTITIONS_KEPT:
             _partitions.clear()
-        topic_id = _ZERO_UUID if raw_id == _ZERO_UUID.bytes else uuid.UUID(bytes=raw_id)
-        tp = _partitions[key] = TopicIdPartition(topic_id, name, partition)
+        tp = _partitions[key] = TopicIdPartition(_uuid_of(raw_id), name, partition)
     return tp
 
 
@@ -310,7 +315,7 @@ _SEGMENT_STATES = {int(state): state for state in RemoteLogSegmentState}
 _SEGMENT_TAGS = {0: MappingProxyType({0: _Reader.boolean}),
                  1: MappingProxyType({0: _Reader.boolean, 1: _Reader.int32})}
 # Update and partition delete records, from version 1: 0 BrokerLeaderEpoch, 1 EndOffset (not kept).
-_EPOCH_END_TAGS = {0: MappingProxyType({}), 1: MappingProxyType({0: _Reader.int32, 1: _Reader.int64})}
+_EPOCH_END_TAGS = {0: _NO_TAGS, 1: MappingProxyType({0: _Reader.int32, 1: _Reader.int64})}
 
 
 def _read_segment(rd: _Reader, version: int) -> RemoteLogSegmentMetadata:
@@ -338,7 +343,7 @@ def _read_segment(rd: _Reader, version: int) -> RemoteLogSegmentMetadata:
         leader_epoch=int(tags.get(1, broker_id)),  # type: ignore[call-overload]
         event_timestamp_ms=event_timestamp_ms,
         # Kafka keeps them in a map; the order on the wire is not a promise.
-        segment_leader_epochs=tuple(sorted(epochs.items())) if count > 1 else tuple(epochs.items()),
+        segment_leader_epochs=tuple(sorted(epochs.items())),
         segment_size_in_bytes=size,
         state=state,
         txn_index_empty=bool(tags.get(0, False)),
