@@ -120,7 +120,11 @@ class FrameDecoder:
         try:
             self.at_eof()
         finally:
-            self._buffer = bytearray()
+            self.discard()
+
+    def discard(self) -> None:
+        """Drop buffered bytes unchecked: the stream is gone, and with it any use for them."""
+        self._buffer = bytearray()
 
 
 def split_frames(buffer: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[memoryview]:

@@ -146,6 +146,7 @@ class _Upstream(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.decoder.discard()
         reason = f"broker closed the connection ({exc})" if exc else "broker closed the connection"
         self.owner.broker_closed()
         self.owner.close(reason, level=logging.INFO, flush=True)
@@ -519,6 +520,14 @@ class ClientConnection(asyncio.Protocol):
         self._metrics.connections_active.labels(self.listener).dec()
         self._metrics.connections_closed.labels(label or _reason_label(reason, level)).inc()
         self.server.connection_closed(self)
+        # What was received and not yet answered goes now: the connection and its broker
+        # side refer to each other, so without this a frame cut short (up to
+        # socket.request.max.bytes, sent before any login) would stay until the cyclic
+        # collector ran.
+        self._decoder.discard()
+        self._waiting.clear()
+        self._early = None
+        self.ctx = None
         self._orderer.clear()
         error = UpstreamClosed(reason or "client closed the connection")
         while self._in_flight:
@@ -529,8 +538,10 @@ class ClientConnection(asyncio.Protocol):
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        if self._upstream is not None and self._upstream.transport is not None:
-            self._upstream.transport.close()
+        if self._upstream is not None:
+            self._upstream.decoder.discard()
+            if self._upstream.transport is not None:
+                self._upstream.transport.close()
         if self._client is not None:
             if flush or level <= logging.INFO:
                 self._client.close()

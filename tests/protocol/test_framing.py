@@ -91,6 +91,14 @@ def test_truncated_size_prefix_at_eof():
     decoder.close()  # the truncated bytes were dropped
 
 
+def test_discard_drops_a_partial_frame_unchecked():
+    decoder = FrameDecoder()
+    decoder.feed(struct.pack(">i", 1000) + b"x" * 600)
+    decoder.discard()
+    assert decoder.pending_bytes == 0
+    decoder.at_eof()  # nothing truncated is left to complain about
+
+
 def test_empty_frame_body():
     assert [bytes(b) for b in FrameDecoder().feed(frame(b""))] == [b""]
 
