@@ -26,7 +26,9 @@ Remote partitions are read concurrently on the reader pool, each within its
 partition_max_bytes, all of them within what is left of the response's max_bytes and
 at most `remote.fetch.max.bytes`; the first partition read gets at least one whole
 batch (KIP-74). When that bound does not fit them all, the next Fetch on the
-connection starts with the partitions left out, so each gets its turn.
+connection starts with the partitions left out, so each gets its turn; when the broker's
+records left no room for any remote bytes, the next Fetch gives the first remote partition
+one whole batch all the same, so that a busy local tail cannot starve the remote ones.
 
 Kafka answers a Fetch as soon as `min_bytes` are available. When partitions are read
 remotely without asking the broker, the broker is asked for the rest without waiting;
@@ -367,7 +369,10 @@ class FetchFilter(Filter):
             chosen.append(entry)
             planned += min(entry.request.partition_max_bytes, budget)
         state.remote_rotation = start + len(chosen)
-        chosen[0].min_one_batch = used == 0  # KIP-74: the first partition gets one whole batch
+        # KIP-74: the first partition gets one whole batch. The broker's partitions come
+        # first in that sense, so local records that fill every response would keep a
+        # remote partition from ever advancing; after one such Fetch it gets its batch.
+        chosen[0].min_one_batch = used == 0 or state.remote_starved
         quota = self.tier.fetch_quota
         throttle = quota.throttle_time()
         if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
@@ -401,6 +406,7 @@ class FetchFilter(Filter):
             await asyncio.gather(*(read(entry) for entry in chosen))
         served = sum(e.outcome.value.records_size for e in chosen
                      if e.outcome is not None and e.outcome.value is not None)
+        state.remote_starved = served == 0 and used > 0
         quota.record(served)
         return served
 

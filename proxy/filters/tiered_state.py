@@ -61,6 +61,9 @@ class TieredConnectionState:
     #: where the next Fetch starts reading remote partitions, so that each gets its turn
     #: when remote.fetch.max.bytes does not fit them all
     remote_rotation: int = 0
+    #: the last Fetch's remote partitions got no bytes because the broker's filled the
+    #: response: the next one gives its first remote partition a whole batch all the same
+    remote_starved: bool = False
     fetch_session: FetchSessionPositions = field(default_factory=FetchSessionPositions)
 
     def learn_topic(self, name: str, topic_id: uuid.UUID) -> None:

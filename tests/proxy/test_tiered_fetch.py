@@ -122,3 +122,37 @@ async def test_fewer_bytes_than_min_bytes_wait_for_max_wait(proxy, tiered):
     (_, first_size), (second_wait, second_size) = fetches
     assert first_size > 0 and second_size > 0, fetches
     assert second_wait >= 1.2, fetches
+
+
+async def test_local_records_filling_every_response_do_not_starve_a_remote_partition(proxy, tiered):
+    """Partition 1 has local records for every Fetch, and they fill max_bytes; partition 0
+    is remote. Kafka's fetch sessions move partitions that got data to the back; here the
+    remote partition left without bytes gets one whole batch (KIP-74) in the next Fetch."""
+    import dataclasses
+
+    from tierproxy.protocol.records import iter_batches
+    from tierproxy.protocol.requests import fetch_request
+
+    host, port = proxy.bootstrap_servers.rsplit(":", 1)
+    async with await KafkaConnection.open(host, int(port)) as conn:
+        request = fetch_request(tiered.topic, 0, 0, 1024, max_wait_ms=100)
+        topic = request.topics[0]
+        remote = topic.partitions[0]
+        local = dataclasses.replace(remote, partition=type(remote.partition)(1),
+                                    fetch_offset=type(remote.fetch_offset)(tiered.boundary[1]))
+        remote_served = []
+        for _ in range(6):
+            response = await conn.request(dataclasses.replace(
+                request, topics=(dataclasses.replace(topic, partitions=(remote, local)),)))
+            partitions = {p.partition_index: p for p in response.responses[0].partitions}
+            assert partitions[0].error_code == 0 and partitions[1].error_code == 0, partitions
+            local_batches = list(iter_batches(partitions[1].records or b""))
+            assert local_batches, "partition 1 ran out of local records: the premise does not hold"
+            remote_served.append(len(partitions[0].records or b""))
+            local = dataclasses.replace(local, fetch_offset=type(local.fetch_offset)(local_batches[-1].last_offset + 1))
+            if remote_served[-1]:
+                remote_batches = list(iter_batches(partitions[0].records))
+                remote = dataclasses.replace(
+                    remote, fetch_offset=type(remote.fetch_offset)(remote_batches[-1].last_offset + 1))
+    # Starved at most once in a row.
+    assert not any(a == 0 and b == 0 for a, b in zip(remote_served, remote_served[1:])), remote_served
