@@ -466,6 +466,11 @@ PROXY_WORKERS = _define("proxy.workers", int, 0,
         "core. Each worker gets its share of the cache bounds, reader threads and connection limits, "
         "so the totals hold for the whole proxy; a worker that dies is restarted.", "proxy",
         validator=Range(0, 256))
+PROXY_LISTENER_SHARED = _define("proxy.listener.shared", bool, False,
+        "Let another `tierproxy serve` join this one's listeners (SO_REUSEPORT, with proxy.workers above 1 "
+        "in both), the kernel spreading connections among them, e.g. to hand over to a new proxy on the same "
+        "host. By default a serve claims its ports like a broker, and a second one on them refuses to start.",
+        "proxy")
 SOCKET_REQUEST_MAX_BYTES = _define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
         validator=Range(1))
 MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION = _define("max.pending.response.bytes.per.connection", int, MIB,
