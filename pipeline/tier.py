@@ -49,7 +49,7 @@ one flock per append), so with it the executors must see the driver's
 `remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
 
 `--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default),
-and `pipeline.metrics` on `metrics.port` says how they went.
+and `pipeline.metrics` on `pipeline.metrics.port` says how they went.
 A failed pass is logged and retried after Kafka's exponential backoff (`storage.backoff`):
 `remote.log.manager.task.retry.backoff.ms`, doubling up to `...retry.backoff.max.ms`, with
 `...retry.jitter` (never later than the interval). SIGINT and SIGTERM stop
