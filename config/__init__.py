@@ -433,6 +433,10 @@ SPARK_APP_NAME = _define("spark.app.name", str, "tierproxy-tier", "Spark applica
 PIPELINE_FETCH_MAX_BYTES = _define("pipeline.fetch.max.bytes", int, 8 * MIB,
         "Bytes asked for in one Fetch when a copy task reads a partition from its leader.", "pipeline",
         validator=Range(64 * 1024))
+PIPELINE_METRICS_PORT = _define("pipeline.metrics.port", int, 9405,
+        "Port of the Prometheus metrics endpoint of `tierproxy tier --every` (on proxy.listener.host), apart "
+        "from metrics.port so that `serve` and the pipeline run from one file on one machine; 0 disables it. "
+        "docs/metrics.md lists the metrics.", "pipeline", validator=Range(0, 65535))
 PIPELINE_TEST_FAIL_AFTER_OBJECTS = _define("pipeline.test.fail.after.objects", int, 0,
         "Test hook: the first attempt of a copy task fails after uploading this many objects "
         "(0, the default, turns it off). Only for fault-injection tests.", "pipeline", validator=Range(0))
@@ -466,6 +470,11 @@ PROXY_WORKERS = _define("proxy.workers", int, 0,
         "core. Each worker gets its share of the cache bounds, reader threads and connection limits, "
         "so the totals hold for the whole proxy; a worker that dies is restarted.", "proxy",
         validator=Range(0, 256))
+PROXY_LISTENER_SHARED = _define("proxy.listener.shared", bool, False,
+        "Let another `tierproxy serve` join this one's listeners (SO_REUSEPORT, with proxy.workers above 1 "
+        "in both), the kernel spreading connections among them, e.g. to hand over to a new proxy on the same "
+        "host. By default a serve claims its ports like a broker, and a second one on them refuses to start.",
+        "proxy")
 SOCKET_REQUEST_MAX_BYTES = _define("socket.request.max.bytes", int, 104_857_600, "Largest frame a client may send.", "proxy",
         validator=Range(1))
 MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION = _define("max.pending.response.bytes.per.connection", int, MIB,
@@ -523,9 +532,8 @@ TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE = _define("tiered.storage.not.available.
         "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
         validator=OneOf((-1, 9, 7, 56)))
 METRICS_PORT = _define("metrics.port", int, 9404,
-        "Port of the Prometheus metrics endpoint of `tierproxy serve`, and of `tierproxy tier --every` (both on "
-        "proxy.listener.host; on one machine give them different ports); 0 disables it. docs/metrics.md lists "
-        "the metrics.", "proxy", validator=Range(0, 65535))
+        "Port of the Prometheus metrics endpoint of `tierproxy serve` (on proxy.listener.host); 0 disables it. "
+        "docs/metrics.md lists the metrics.", "proxy", validator=Range(0, 65535))
 BROKER_CONNECTION_SETUP_TIMEOUT_MS = _define("broker.connection.setup.timeout.ms", int, 10_000,
         "How long the proxy waits for a client's upstream connection to a broker.", "proxy",
         validator=Range(1))

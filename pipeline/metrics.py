@@ -1,5 +1,5 @@
 """Prometheus metrics of the tiering pipeline, served by `tierproxy tier --every` on
-`metrics.port` (KIP-405's and KIP-963's remote storage metrics, Kafka's names in each
+`pipeline.metrics.port` (KIP-405's and KIP-963's remote storage metrics, Kafka's names in each
 family's help).
 
 Gauges describe the state after the last pass, per topic: what is still to copy and to

@@ -31,10 +31,10 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    remote data of topics whose remote storage was turned off (KIP-950,
    `pipeline.remote_storage_disable`): deleted with `remote.log.delete.on.disable=true`,
    else refused with Kafka's message.
-6. A summary on stdout: a table of partitions, segments, bytes, MB/s, trimmed, expired
-   (or one JSON document with `--json`). A failing cluster, store or metadata manager
-   ends the pass with one line in the summary and the log, never a traceback, and the
-   summary still shows what was done before.
+6. A summary on stdout: a table of partitions, the range copied and committed, segments,
+   bytes, MB/s, trimmed, expired (or one JSON document with `--json`). A failing
+   cluster, store or metadata manager ends the pass with one line in the summary and
+   the log, never a traceback, and the summary still shows what was done before.
 
 One pipeline at a time: a pass holds an exclusive `flock` on
 `<remote.log.metadata.dir>/tier.lock`, and a second pass fails at once (`PipelineBusy`).
@@ -49,7 +49,7 @@ one flock per append), so with it the executors must see the driver's
 `remote.log.metadata.dir`: local[*], or a standalone cluster on one machine.
 
 `--every`: passes repeat every interval (`remote.log.manager.task.interval.ms` by default),
-and `pipeline.metrics` on `metrics.port` says how they went.
+and `pipeline.metrics` on `pipeline.metrics.port` says how they went.
 A failed pass is logged and retried after Kafka's exponential backoff (`storage.backoff`):
 `remote.log.manager.task.retry.backoff.ms`, doubling up to `...retry.backoff.max.ms`, with
 `...retry.jitter` (never later than the interval). SIGINT and SIGTERM stop
@@ -131,6 +131,9 @@ class PartitionSummary:
     # (bytes, segments) the pass found to copy: complete segments below the last stable
     # offset not yet remote; None when it could not tell (the copy failed)
     copy_lag: tuple[int, int] | None = (0, 0)
+    # [start, end) of the segments this pass committed COPY_SEGMENT_FINISHED; None when none
+    # (the plan's range also holds the tail waiting for its segment to fill)
+    copied: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -319,6 +322,8 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
 
 def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult, error: str | None) -> None:
     summary.segments = len(commit.committed)
+    if commit.committed:
+        summary.copied = (commit.committed[0].start_offset, commit.committed[-1].end_offset + 1)
     summary.bytes = commit.bytes_committed
     summary.pending_bytes = result.pending_bytes
     summary.cleaned += len(commit.cleaned)
@@ -362,7 +367,7 @@ def format_summary(report: PassReport) -> str:
         note = "GAP: data lost before tiering" if p.plan.gap else "copy disabled" if p.plan.copy_disabled else ""
         if p.error:
             note = (note + "; " if note else "") + f"ERROR {p.error}"
-        copied = f"[{p.plan.start_offset}, {p.plan.end_offset})" if not p.plan.empty else "-"
+        copied = f"[{p.copied[0]}, {p.copied[1]})" if p.copied else "-"
         rows.append((
             p.name, copied, str(p.segments), f"{p.bytes / MB:.1f}", f"{p.pending_bytes / MB:.1f}", str(p.cleaned),
             str(t.new_log_start_offset) if t else "-", str(e.segments) if e and e.segments else "-", note,
@@ -393,7 +398,8 @@ def summary_json(report: PassReport) -> dict[str, Any]:
         t, e = trimmed.get(p.name), expired.get(p.name)
         partitions.append({
             "topic": p.plan.topic, "partition": p.plan.partition,
-            "copied_range": None if p.plan.empty else [p.plan.start_offset, p.plan.end_offset],
+            "copied_range": list(p.copied) if p.copied else None,
+            "planned_range": None if p.plan.empty else [p.plan.start_offset, p.plan.end_offset],
             "segments": p.segments, "bytes": p.bytes, "waiting_bytes": p.pending_bytes, "orphans_cleaned": p.cleaned,
             "trimmed_to": t.new_log_start_offset if t else None, "expired_segments": e.segments if e else 0,
             "gap": p.plan.gap, "copy_disabled": p.plan.copy_disabled, "error": p.error,

@@ -1,7 +1,8 @@
 """`tierproxy serve`: run the proxy on uvloop until SIGTERM or SIGINT.
 
 Start-up fails with a message naming the key when the configuration is wrong, or
-naming the address when a listener cannot be opened. An object store that cannot be
+naming the address when a listener cannot be opened or another `serve` holds its port
+(proxy/port_owner.py). An object store that cannot be
 reached at start is one WARNING line naming it and the error, and the proxy starts
 anyway. On a signal the listeners close, every client connection is closed, the
 interceptors are stopped and the command exits 0. With `proxy.workers` above 1 (0, the
@@ -19,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
-from tierproxy.config import Config, ConfigError, load
+from tierproxy.config import Config, ConfigError, PROXY_LISTENER_HOST, PROXY_LISTENER_SHARED, load
 from tierproxy.storage.errors import RemoteLogMetadataError
 
 
@@ -32,12 +33,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
+    from tierproxy.proxy.port_owner import PortTaken, claim_ports, serve_ports
     from tierproxy.proxy.serve import serve
     from tierproxy.proxy.workers import WORKER_CANNOT_START, supervise, watch_supervisor, worker_count
 
+    claims = []
     if worker:
         watch_supervisor(args.worker_of)
     else:
+        try:
+            # Its workers share the ports through SO_REUSEPORT; another serve must not join them.
+            if not config[PROXY_LISTENER_SHARED]:
+                claims = claim_ports(config[PROXY_LISTENER_HOST], serve_ports(config))
+        except PortTaken as e:
+            print(f"tierproxy serve: {e}", file=sys.stderr)
+            return 1
         try:
             # A refused login or an untrusted certificate stops start-up with the key to fix;
             # a broker that is merely down is waited for by the clients, as without the proxy.
@@ -56,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return WORKER_CANNOT_START if worker else 1
+    finally:
+        for claim in claims:
+            claim.close()
     return 0
 
 

@@ -1,6 +1,6 @@
 """`tierproxy tier`: one tiering pass, or `--every INTERVAL` until SIGINT/SIGTERM.
 
-With `--every`, the pipeline's metrics are served on `metrics.port` (on
+With `--every`, the pipeline's metrics are served on `pipeline.metrics.port` (on
 `proxy.listener.host`; 0 turns them off). The summary of each pass goes to stdout (a
 table, or one JSON document per line with `--json`); progress and log lines to stderr.
 A failure of the cluster, the object store or the metadata is one line in the summary
@@ -21,7 +21,7 @@ import sys
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
 from tierproxy.config import (
-    METRICS_PORT,
+    PIPELINE_METRICS_PORT,
     PROXY_LISTENER_HOST,
     REMOTE_LOG_MANAGER_TASK_INTERVAL_MS,
     ConfigError,
@@ -64,15 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from tierproxy.pipeline.tier import PipelineBusy, run_every, run_pass
 
     metrics = http = None
-    if interval_ms is not None and config[METRICS_PORT]:
+    if interval_ms is not None and config[PIPELINE_METRICS_PORT]:
         from tierproxy.config.metrics import metrics_endpoint
         from tierproxy.pipeline.metrics import PipelineMetrics
 
         metrics = PipelineMetrics()
         try:
-            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
+            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[PIPELINE_METRICS_PORT], metrics.registry)
         except OSError as e:
-            print(f"tierproxy tier: {e} (metrics.port; 0 turns the endpoint off)", file=sys.stderr)
+            print(f"tierproxy tier: {e} (pipeline.metrics.port; 0 turns the endpoint off)", file=sys.stderr)
             return 2
     spark = spark_session(config)
     try:

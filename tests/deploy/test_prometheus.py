@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's, on loopback) with deploy/prometheus.yml and the rules of
-deploy/rules/ scrapes a running `tierproxy serve` and a running `tierproxy tier --every`:
+deploy/rules/ scrapes a running `tierproxy serve` and a running `tierproxy tier --every`,
+started from one properties file (each on its own metrics port):
 both targets are up, every rule evaluates healthy, a recording rule over the pipeline's
 metrics has a value, and every query of the Grafana dashboard runs."""
 
@@ -70,6 +71,8 @@ async def test_prometheus_evaluates_the_rules_over_a_running_proxy_and_pipeline(
     properties = write_properties(tmp_path / "tierproxy.properties", {
         "bootstrap.servers": bootstrap, "proxy.bootstrap.port": str(proxy_port),
         "proxy.broker.port.base": str(node_port), "proxy.workers": "1", "spark.master": "local[1]",
+        # one file for both, as deploy/tierproxy.properties: each command its own metrics port
+        "metrics.port": str(proxy_metrics), "pipeline.metrics.port": str(pipeline_metrics),
         "remote.log.storage.local.dir": str(tmp_path / "remote"), "remote.log.metadata.dir": str(tmp_path / "metadata"),
         f"topic.{name}.remote.storage.enable": "true", f"topic.{name}.segment.bytes": str(16 * 1024),
     })
@@ -77,11 +80,10 @@ async def test_prometheus_evaluates_the_rules_over_a_running_proxy_and_pipeline(
     processes: dict[str, subprocess.Popen] = {}
     try:
         processes["serve"] = subprocess.Popen(
-            [str(TIERPROXY), "serve", "--config", str(properties), "--override", f"metrics.port={proxy_metrics}"],
+            [str(TIERPROXY), "serve", "--config", str(properties)],
             stdout=logs["serve"], stderr=subprocess.STDOUT)
         processes["tier"] = subprocess.Popen(
-            [str(TIERPROXY), "tier", "--config", str(properties), "--override", f"metrics.port={pipeline_metrics}",
-             "--every", "3s"], stdout=logs["tier"], stderr=subprocess.STDOUT, env=SPARK_ENV)
+            [str(TIERPROXY), "tier", "--config", str(properties), "--every", "3s"], stdout=logs["tier"], stderr=subprocess.STDOUT, env=SPARK_ENV)
         config = _prometheus_config(tmp_path, {"tierproxy-proxy": proxy_metrics, "tierproxy-pipeline": pipeline_metrics})
         processes["prometheus"] = subprocess.Popen(
             [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",

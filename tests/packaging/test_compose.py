@@ -247,9 +247,9 @@ def test_prometheus_scrapes_the_proxys_and_the_pipelines_metrics_port(services, 
     targets = {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
                for job in scrape["scrape_configs"]}
     assert targets == {"tierproxy-proxy": [f"proxy:{config['metrics.port']}"],
-                       "tierproxy-pipeline": [f"pipeline:{config['metrics.port']}"]}
-    for name in ("proxy", "pipeline"):
-        assert str(config["metrics.port"]) in [str(p) for p in services[name].get("expose", [])]
+                       "tierproxy-pipeline": [f"pipeline:{config['pipeline.metrics.port']}"]}
+    for name, key in (("proxy", "metrics.port"), ("pipeline", "pipeline.metrics.port")):
+        assert str(config[key]) in [str(p) for p in services[name].get("expose", [])]
         assert name in prometheus["depends_on"]
 
 

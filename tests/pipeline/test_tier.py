@@ -5,10 +5,11 @@ contiguously from offset 0 to below its last stable offset."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 from aiokafka import AIOKafkaProducer
 
-from tierproxy.pipeline.tier import run_pass
+from tierproxy.pipeline.tier import format_summary, run_pass, summary_json
 from tierproxy.config import parse
 from tierproxy.storage.model import RemoteLogSegmentState
 from tests.helpers.pipeline import (
@@ -41,6 +42,11 @@ async def test_tier_copies_byte_identical_contiguous_segments_and_then_only_new_
         summary = report.partitions[p]
         assert summary.segments == len(segments)
         assert summary.bytes == sum(m.segment_size_in_bytes for m in segments)
+        # What was committed, not the plan (whose tail waits for its segment to fill).
+        copied = [segments[0].start_offset, segments[-1].end_offset + 1]
+        assert copied[1] < summary.plan.end_offset
+        assert summary_json(report)["partitions"][p]["copied_range"] == copied
+        assert re.search(rf"^{name}-{p} +\[{copied[0]}, {copied[1]}\) ", format_summary(report), re.M)
     assert report.segments == sum(len(s) for s in first.values())
 
     # More data: the second pass starts right after what is remote and leaves it as it is.

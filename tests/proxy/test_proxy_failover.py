@@ -5,8 +5,9 @@ topic a producer keeps writing to (straight to the broker) while the proxy they 
 killed with SIGKILL:
 
 - behind a balancer: both proxies listen on the same ports and advertise the same
-  addresses; here the kernel balances them (SO_REUSEPORT, both proxies running workers),
-  as a TCP load balancer in front of several proxy hosts does once it saw one die;
+  addresses; here the kernel balances them (SO_REUSEPORT, both proxies running workers
+  with proxy.listener.shared), as a TCP load balancer in front of several proxy hosts
+  does once it saw one die;
 - node listeners per proxy: each proxy advertises its own ports, and the clients list
   both proxies in `bootstrap.servers`.
 
@@ -123,7 +124,7 @@ def _read_lines(process: subprocess.Popen, arrivals: Arrivals) -> None:
 def _serve(kafka_bootstrap: str, directory: Path, *, bootstrap_port: int, node_port: int, workers: int) -> Served:
     settings = {"bootstrap.servers": kafka_bootstrap, "proxy.listener.host": LOOPBACK,
                 "proxy.bootstrap.port": bootstrap_port, "proxy.broker.port.map": f"0:{node_port}",
-                "metrics.port": free_ports(1)[0], "proxy.workers": workers,
+                "metrics.port": free_ports(1)[0], "proxy.workers": workers, "proxy.listener.shared": workers > 1,
                 "remote.log.storage.local.dir": directory / "remote", "remote.log.metadata.dir": directory / "metadata"}
     served = start_serving(settings, directory)
     served.wait_for("tierproxy serving on", workers)

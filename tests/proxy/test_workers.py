@@ -282,3 +282,29 @@ def test_a_port_taken_stops_every_worker_with_the_address(tiered, tmp_path):
     assert served.process.returncode == 1, served.output
     assert "cannot open the bootstrap listener" in served.output
     assert "cannot start" in served.output
+
+
+def test_a_second_serve_on_the_same_ports_refuses_to_start(tiered, tmp_path):
+    """Like a broker, a second `serve` of the same configuration does not join the first's
+    SO_REUSEPORT listeners: it exits naming the port and the holder, and the first serves on.
+    Without a metrics endpoint, whose port the kernel alone would refuse."""
+    data = tiered
+    first, bootstrap_port, _ = serve(data, tmp_path, 2, **{"metrics.port": 0})
+    second = None
+    try:
+        first.wait_for(SERVING, 2)
+        second = Served(first.process.args)
+        second.process.wait(30)
+        assert second.stop() == 1, second.output
+        assert (f"cannot open the bootstrap listener on {LOOPBACK}:{bootstrap_port}: Address already in use: "
+                f"another tierproxy serve (pid {first.process.pid}) holds it") in second.output, second.output
+        assert "serving on" not in second.output
+        expected = expected_by_partition(data.records)
+        consumed = consume_confluent_assigned({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}"}, data.topic,
+                                              range(PARTITIONS), sum(len(v) for v in expected.values()))
+        assert in_partition_order(consumed) == expected
+    finally:
+        if second is not None:
+            second.stop()
+        status = first.stop()
+    assert status == 0, first.output
