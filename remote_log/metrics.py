@@ -19,26 +19,16 @@ fresh one and reads values back with `value()`.
 
 from __future__ import annotations
 
-import enum
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tierproxy.cache import CacheMetrics
 from tierproxy.protocol.apis import error_name
 
+from .failures import Cause
+
 
 # From a cache hit (sub-millisecond) to a store that takes seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class ReadErrorReason(enum.Enum):
-    """The `reason` label of tierproxy_remote_read_errors_total."""
-
-    CORRUPT = "corrupt"  # CRC-32C or size mismatch: never served
-    NOT_FOUND = "not_found"  # metadata points at objects that are gone
-    STORAGE = "storage"  # the store failed (retriable or not)
-    METADATA_NOT_READY = "metadata_not_ready"
-    QUEUE_FULL = "queue_full"  # the reader pool refused the read
 
 
 class RemoteMetrics:
@@ -53,7 +43,8 @@ class RemoteMetrics:
             "tierproxy_remote_fetch_bytes", "Record bytes served from remote segments, by topic.", ["topic"],
             registry=r)
         self.read_errors = Counter(
-            "tierproxy_remote_read_errors", "Remote reads that failed, by topic and reason.", ["topic", "reason"],
+            "tierproxy_remote_read_errors", "Remote reads that failed or stopped at corrupt data, by topic and reason (remote_log/failures.py's "
+            "causes).", ["topic", "reason"],
             registry=r)
         self.fetch_expired = Counter(
             "tierproxy_remote_fetch_expired",
@@ -63,7 +54,8 @@ class RemoteMetrics:
         self.not_available = Counter(
             "tierproxy_tiered_storage_not_available",
             "Fetch partitions answered TIERED_STORAGE_NOT_AVAILABLE (sent as "
-            "tiered.storage.not.available.error.code), by topic and cause.", ["topic", "cause"], registry=r)
+            "tiered.storage.not.available.error.code), by topic and cause (remote_log/failures.py's causes).",
+            ["topic", "cause"], registry=r)
         self.remote_partitions_served = Counter(
             "tierproxy_remote_partitions_served",
             "Fetch partitions answered from the remote tier, by topic.", ["topic"], registry=r)
@@ -112,11 +104,11 @@ class RemoteMetrics:
         """The counters of one cache, in the shape `cache/` expects."""
         return _PrometheusCacheMetrics(self, name)
 
-    def read_error(self, topic: str, reason: ReadErrorReason) -> None:
+    def read_error(self, topic: str, reason: Cause) -> None:
         self.read_errors.labels(topic, reason.value).inc()
 
-    def tiered_storage_not_available(self, topic: str, cause: str) -> None:
-        self.not_available.labels(topic, cause).inc()
+    def tiered_storage_not_available(self, topic: str, cause: Cause) -> None:
+        self.not_available.labels(topic, cause.value).inc()
 
     def partition_error(self, api: str, code: int) -> None:
         self.partition_errors.labels(api, error_name(code)).inc()
