@@ -5,8 +5,8 @@
 | RemoteReadRequestsPerSec       | tierproxy_remote_read_requests_total{topic}              |
 | RemoteBytesInPerSec            | tierproxy_remote_bytes_in_total{topic} (read from store) |
 | RemoteReadErrorPerSec          | tierproxy_remote_read_errors_total{topic,reason}         |
-| RemoteLogReaderTaskQueueSize   | tierproxy_remote_log_reader_task_queue_size              |
-| RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1, as Kafka's) |
+| RemoteLogReaderTaskQueueSize   | tierproxy_remote_log_reader_task_queue_size (now), rate(..._task_queue_seconds_total) (average) |
+| RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1 now, as Kafka's), 1 - rate(..._busy_seconds_total) / ..._threads (average) |
 
 plus the record bytes served (`tierproxy_remote_fetch_bytes_total{topic}`), remote
 fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`)
@@ -60,12 +60,27 @@ class RemoteMetrics:
             "tierproxy_remote_partitions_served",
             "Fetch partitions answered from the remote tier, by topic.", ["topic"], registry=r)
         self.reader_queue_size = Gauge(
-            "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r,
+            "tierproxy_remote_log_reader_task_queue_size",
+            "Remote reads waiting for a reader at the scrape (an instant: the average over time is "
+            "rate(tierproxy_remote_log_reader_task_queue_seconds_total)).", registry=r,
             multiprocess_mode="livesum")
         self.reader_avg_idle = Gauge(
             "tierproxy_remote_log_reader_avg_idle_percent",
-            "Share of remote log readers idle now (0..1, Kafka's RemoteLogReaderAvgIdlePercent; "
-            "with several workers, the busiest worker's).", registry=r, multiprocess_mode="livemin")
+            "Share of remote log readers idle at the scrape (0..1, Kafka's RemoteLogReaderAvgIdlePercent; "
+            "with several workers, the busiest worker's; the average over time is 1 - "
+            "rate(tierproxy_remote_log_reader_busy_seconds_total) / tierproxy_remote_log_reader_threads).",
+            registry=r, multiprocess_mode="livemin")
+        self.reader_threads = Gauge(
+            "tierproxy_remote_log_reader_threads", "Remote log readers (remote.log.reader.threads, every worker's).",
+            registry=r, multiprocess_mode="livesum")
+        self.reader_busy_seconds = Counter(
+            "tierproxy_remote_log_reader_busy_seconds",
+            "Seconds remote log readers spent reading, summed over the readers: its rate is the average number "
+            "of busy readers.", registry=r)
+        self.reader_queue_seconds = Counter(
+            "tierproxy_remote_log_reader_task_queue_seconds",
+            "Seconds remote reads spent waiting for a reader, summed over the reads: its rate is the average "
+            "number waiting (RemoteLogReaderTaskQueueSize averaged).", registry=r)
         self.cache_hits = Counter("tierproxy_cache_hits", "Cache lookups answered from memory.", ["cache"],
                                   registry=r)
         self.cache_misses = Counter("tierproxy_cache_misses", "Cache lookups that waited for a load.", ["cache"],
