@@ -43,4 +43,4 @@ class ThrottledLog:
             message += " (and %s more in the last %.0f s)"
             args = (*args, f"{seen[1]:,}", now - seen[0])
         self._kinds[kind] = [now, 0]
-        self.logger.log(level, message, *args, exc_info=exc_info)
+        self.logger.log(level, message, *args, exc_info=exc_info, stacklevel=2)  # the caller's line
