@@ -16,7 +16,6 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from tierproxy.protocol.apis import ErrorCode
-from tierproxy.storage.errors import MetadataNotReady, RemoteStorageError
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import TopicIdPartition
@@ -25,7 +24,9 @@ from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.config import Config, TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE
 from tierproxy.remote_log.engine import RemoteReadEngine
+from tierproxy.remote_log.failures import Cause, cause_of
 from tierproxy.remote_log.metrics import RemoteMetrics
+from tierproxy.remote_log.throttled_log import ThrottledLog
 
 log = logging.getLogger("tierproxy.tiered")
 
@@ -55,6 +56,8 @@ class RemoteTier:
         # (proxy.workers divides it as it divides the other bounds).
         self.fetch_quota = RateQuota(fetch_quota_settings(config))
         self._refresher: asyncio.Task | None = None
+        # A consumer retrying a failing read meets the same error again and again.
+        self._failures_log = ThrottledLog(log)
 
     async def start(self) -> None:
         await self.rlmm.start()
@@ -91,13 +94,19 @@ class RemoteTier:
         return code
 
     def _error_code_for(self, tp: TopicIdPartition, error: BaseException) -> ErrorCode:
-        if isinstance(error, MetadataNotReady):
-            log.warning("remote log metadata of %s is not ready: REPLICA_NOT_AVAILABLE", tp)
+        cause = cause_of(error)
+        kind = (tp, type(error))
+        if cause is Cause.METADATA_NOT_READY:
+            # Counted here, not by the reader: most reads meet it before they reach one.
+            self.metrics.read_error(tp.topic, cause)
+            self._failures_log.log(kind, logging.WARNING, "remote log metadata of %s is not ready: "
+                                   "REPLICA_NOT_AVAILABLE", tp)
             return ErrorCode.replica_not_available
-        reason = type(error).__name__
-        if isinstance(error, RemoteStorageError):
-            log.warning("TIERED_STORAGE_NOT_AVAILABLE for %s (%s): %s", tp, reason, error)
+        if cause is Cause.UNEXPECTED:
+            self._failures_log.log(kind, logging.ERROR, "TIERED_STORAGE_NOT_AVAILABLE for %s: unexpected %s", tp,
+                                   type(error).__name__, exc_info=error)
         else:
-            log.error("TIERED_STORAGE_NOT_AVAILABLE for %s: unexpected %s", tp, reason, exc_info=error)
-        self.metrics.tiered_storage_not_available(tp.topic, reason)
+            self._failures_log.log(kind, logging.WARNING, "TIERED_STORAGE_NOT_AVAILABLE for %s (%s, %s): %s", tp,
+                                   cause.value, type(error).__name__, error)
+        self.metrics.tiered_storage_not_available(tp.topic, cause)
         return self.unavailable_code

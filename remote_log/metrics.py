@@ -5,8 +5,8 @@
 | RemoteReadRequestsPerSec       | tierproxy_remote_read_requests_total{topic}              |
 | RemoteBytesInPerSec            | tierproxy_remote_bytes_in_total{topic} (read from store) |
 | RemoteReadErrorPerSec          | tierproxy_remote_read_errors_total{topic,reason}         |
-| RemoteLogReaderTaskQueueSize   | tierproxy_remote_log_reader_task_queue_size              |
-| RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1, as Kafka's) |
+| RemoteLogReaderTaskQueueSize   | tierproxy_remote_log_reader_task_queue_size (now), rate(..._task_queue_seconds_total) (average) |
+| RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1 now, as Kafka's), 1 - rate(..._busy_seconds_total) / ..._threads (average) |
 
 plus the record bytes served (`tierproxy_remote_fetch_bytes_total{topic}`), remote
 fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`)
@@ -19,26 +19,16 @@ fresh one and reads values back with `value()`.
 
 from __future__ import annotations
 
-import enum
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tierproxy.cache import CacheMetrics
 from tierproxy.protocol.apis import error_name
 
+from .failures import Cause
+
 
 # From a cache hit (sub-millisecond) to a store that takes seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class ReadErrorReason(enum.Enum):
-    """The `reason` label of tierproxy_remote_read_errors_total."""
-
-    CORRUPT = "corrupt"  # CRC-32C or size mismatch: never served
-    NOT_FOUND = "not_found"  # metadata points at objects that are gone
-    STORAGE = "storage"  # the store failed (retriable or not)
-    METADATA_NOT_READY = "metadata_not_ready"
-    QUEUE_FULL = "queue_full"  # the reader pool refused the read
 
 
 class RemoteMetrics:
@@ -53,7 +43,8 @@ class RemoteMetrics:
             "tierproxy_remote_fetch_bytes", "Record bytes served from remote segments, by topic.", ["topic"],
             registry=r)
         self.read_errors = Counter(
-            "tierproxy_remote_read_errors", "Remote reads that failed, by topic and reason.", ["topic", "reason"],
+            "tierproxy_remote_read_errors", "Remote reads that failed or stopped at corrupt data, by topic and reason (remote_log/failures.py's "
+            "causes).", ["topic", "reason"],
             registry=r)
         self.fetch_expired = Counter(
             "tierproxy_remote_fetch_expired",
@@ -63,17 +54,33 @@ class RemoteMetrics:
         self.not_available = Counter(
             "tierproxy_tiered_storage_not_available",
             "Fetch partitions answered TIERED_STORAGE_NOT_AVAILABLE (sent as "
-            "tiered.storage.not.available.error.code), by topic and cause.", ["topic", "cause"], registry=r)
+            "tiered.storage.not.available.error.code), by topic and cause (remote_log/failures.py's causes).",
+            ["topic", "cause"], registry=r)
         self.remote_partitions_served = Counter(
             "tierproxy_remote_partitions_served",
             "Fetch partitions answered from the remote tier, by topic.", ["topic"], registry=r)
         self.reader_queue_size = Gauge(
-            "tierproxy_remote_log_reader_task_queue_size", "Remote reads waiting for a reader.", registry=r,
+            "tierproxy_remote_log_reader_task_queue_size",
+            "Remote reads waiting for a reader at the scrape (an instant: the average over time is "
+            "rate(tierproxy_remote_log_reader_task_queue_seconds_total)).", registry=r,
             multiprocess_mode="livesum")
         self.reader_avg_idle = Gauge(
             "tierproxy_remote_log_reader_avg_idle_percent",
-            "Share of remote log readers idle now (0..1, Kafka's RemoteLogReaderAvgIdlePercent; "
-            "with several workers, the busiest worker's).", registry=r, multiprocess_mode="livemin")
+            "Share of remote log readers idle at the scrape (0..1, Kafka's RemoteLogReaderAvgIdlePercent; "
+            "with several workers, the busiest worker's; the average over time is 1 - "
+            "rate(tierproxy_remote_log_reader_busy_seconds_total) / tierproxy_remote_log_reader_threads).",
+            registry=r, multiprocess_mode="livemin")
+        self.reader_threads = Gauge(
+            "tierproxy_remote_log_reader_threads", "Remote log readers (remote.log.reader.threads, every worker's).",
+            registry=r, multiprocess_mode="livesum")
+        self.reader_busy_seconds = Counter(
+            "tierproxy_remote_log_reader_busy_seconds",
+            "Seconds remote log readers spent reading, summed over the readers: its rate is the average number "
+            "of busy readers.", registry=r)
+        self.reader_queue_seconds = Counter(
+            "tierproxy_remote_log_reader_task_queue_seconds",
+            "Seconds remote reads spent waiting for a reader, summed over the reads: its rate is the average "
+            "number waiting (RemoteLogReaderTaskQueueSize averaged).", registry=r)
         self.cache_hits = Counter("tierproxy_cache_hits", "Cache lookups answered from memory.", ["cache"],
                                   registry=r)
         self.cache_misses = Counter("tierproxy_cache_misses", "Cache lookups that waited for a load.", ["cache"],
@@ -112,11 +119,11 @@ class RemoteMetrics:
         """The counters of one cache, in the shape `cache/` expects."""
         return _PrometheusCacheMetrics(self, name)
 
-    def read_error(self, topic: str, reason: ReadErrorReason) -> None:
+    def read_error(self, topic: str, reason: Cause) -> None:
         self.read_errors.labels(topic, reason.value).inc()
 
-    def tiered_storage_not_available(self, topic: str, cause: str) -> None:
-        self.not_available.labels(topic, cause).inc()
+    def tiered_storage_not_available(self, topic: str, cause: Cause) -> None:
+        self.not_available.labels(topic, cause.value).inc()
 
     def partition_error(self, api: str, code: int) -> None:
         self.partition_errors.labels(api, error_name(code)).inc()

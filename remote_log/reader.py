@@ -52,12 +52,7 @@ from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
 from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.records import HEADER_SIZE, Batch, log_batches_async
-from tierproxy.storage.errors import (
-    CorruptRemoteSegment,
-    MetadataNotReady,
-    RemoteResourceNotFound,
-    RemoteStorageError,
-)
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.indexes import CorruptIndexError, TransactionIndex, TxnIndexSearchResult
 from tierproxy.storage.indexes.transaction_index import AbortedTxn
 from tierproxy.storage.metadata import RemoteLogMetadataManager
@@ -65,19 +60,13 @@ from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicId
 from tierproxy.storage.records import first_record_at_or_after
 from tierproxy.storage.rsm import RemoteStorageManager
 
-from .metrics import ReadErrorReason, RemoteMetrics
+from .failures import Cause, cause_of
+from .metrics import RemoteMetrics
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
+from .throttled_log import ThrottledLog
 from .transactions import collect_aborted
 
 log = logging.getLogger(__name__)
-
-# How a failed remote read is counted: the first kind the error is (subclasses first).
-_READ_ERROR_REASONS = (
-    (MetadataNotReady, ReadErrorReason.METADATA_NOT_READY),
-    (CorruptRemoteSegment, ReadErrorReason.CORRUPT),
-    (RemoteResourceNotFound, ReadErrorReason.NOT_FOUND),
-    (RemoteStorageError, ReadErrorReason.STORAGE),
-)
 
 
 class IsolationLevel(enum.IntEnum):
@@ -150,6 +139,8 @@ class RemoteLogReader:
         self._segments = RemoteLogSegments(rlmm) if rlmm is not None else None
         # Whether the store checks each segment's `.log` blocks (False: its batches are checked here).
         self._blocks_checked: LRUCache[uuid.UUID, bool] = LRUCache(maxsize=65_536)
+        # Every consumer reading past the same corrupt bytes meets them again.
+        self._corruption_log = ThrottledLog(log)
 
     async def close(self) -> None:
         """Close the caches (the store and the metadata are the caller's)."""
@@ -429,9 +420,11 @@ class RemoteLogReader:
         """A read served the intact batches in front of bytes that cannot be read: the
         corruption is counted as a failed read's would be."""
         tp = segment.topic_id_partition
-        self.metrics.read_error(tp.topic, ReadErrorReason.CORRUPT)
-        log.warning("segment %s of %s: served the intact batches in front of bytes that cannot be read: %s",
-                    segment.segment_id.id, tp, error)
+        self.metrics.read_error(tp.topic, Cause.CORRUPT)
+        self._corruption_log.log(
+            segment.segment_id.id, logging.WARNING,
+            "segment %s of %s: served the intact batches in front of bytes that cannot be read: %s",
+            segment.segment_id.id, tp, error)
 
     def _forget(self, segment: RemoteLogSegmentMetadata) -> None:
         self.chunk_cache.invalidate(segment.segment_id.id)
@@ -442,9 +435,10 @@ class RemoteLogReader:
     def _counting_errors(self, tp: TopicIdPartition) -> Iterator[None]:
         try:
             yield
-        except (MetadataNotReady, RemoteStorageError) as e:
-            self.metrics.read_error(tp.topic, next(reason for kind, reason in _READ_ERROR_REASONS
-                                                   if isinstance(e, kind)))
+        except RemoteStorageError as e:
+            # MetadataNotReady is counted where the proxy answers it (RemoteTier.error_code_for):
+            # most reads meet it before they reach this reader.
+            self.metrics.read_error(tp.topic, cause_of(e))
             raise
 
 

@@ -28,20 +28,18 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tierproxy.storage.backoff import read_deadline
-from tierproxy.storage.errors import RemoteStorageError
-
-from .metrics import ReadErrorReason, RemoteMetrics
+from .failures import Cause, ReaderQueueFull
+from .metrics import RemoteMetrics
 
 log = logging.getLogger(__name__)
 
+__all__ = ("ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool")
+
 T = TypeVar("T")
 
-
-class ReaderQueueFull(RemoteStorageError):
-    """Every remote log reader is busy and `remote.log.reader.max.pending.tasks` reads wait already."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retriable=True)
+# While reads run or wait, the busy and queue seconds are brought up to date this often,
+# so that a scrape in the middle of a long read sees its time so far.
+ACCOUNT_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +67,10 @@ class RemoteLogReaderPool:
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: len(self._pending))
         self.metrics.reader_avg_idle.set_function(self.idle_ratio)
+        self.metrics.reader_threads.set(threads)
+        # The busy and queue seconds are added up to here.
+        self._accounted = time.monotonic()
+        self._ticker: asyncio.TimerHandle | None = None
 
     @property
     def queue_size(self) -> int:
@@ -96,6 +98,7 @@ class RemoteLogReaderPool:
         if self._running < self.threads:
             self._launch(read, future)
         elif len(self._pending) < self.max_pending_tasks:
+            self._account()
             entry = (read, future)
             self._pending.append(entry)  # type: ignore[arg-type]
             future.add_done_callback(lambda _f: self._unqueue(entry))
@@ -121,7 +124,7 @@ class RemoteLogReaderPool:
         try:
             future = self.submit(within_the_wait)
         except ReaderQueueFull as e:
-            self.metrics.read_error(topic, ReadErrorReason.QUEUE_FULL)
+            self.metrics.read_error(topic, Cause.QUEUE_FULL)
             self._observe("queue_full", submitted)
             return ReadOutcome(error=e)
         # The wait runs out by cancelling the future, not the read: one timer, where
@@ -156,6 +159,9 @@ class RemoteLogReaderPool:
     async def close(self) -> None:
         """Refuse new reads, drop waiting ones, cancel running ones and wait for them."""
         self._closed = True
+        self._account()
+        if self._ticker is not None:
+            self._ticker.cancel()
         while self._pending:
             _, future = self._pending.popleft()
             future.cancel()
@@ -167,8 +173,12 @@ class RemoteLogReaderPool:
     # ------------------------------------------------------------------ internals
 
     def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
+        self._account()
         self._running += 1
-        task = asyncio.get_running_loop().create_task(self._run(read, future))
+        loop = asyncio.get_running_loop()
+        if self._ticker is None:
+            self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
+        task = loop.create_task(self._run(read, future))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -186,11 +196,13 @@ class RemoteLogReaderPool:
             elif outcome.error is not None:
                 log.debug("remote read finished after its fetch gave up: %s", outcome.error)
         finally:
+            self._account()
             self._running -= 1
             self._start_waiting()
 
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
+            self._account()
             read, future = self._pending.popleft()
             if not future.done():
                 self._launch(read, future)
@@ -200,12 +212,30 @@ class RemoteLogReaderPool:
         future.cancel()
         for entry in self._pending:
             if entry[1] is future:
+                self._account()
                 self._pending.remove(entry)
                 return
 
     def _unqueue(self, entry: tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome]]) -> None:
         # A waiting read given up by its fetch frees its place in the queue at once.
+        self._account()
         try:
             self._pending.remove(entry)
         except ValueError:
             pass  # already started
+
+    def _account(self) -> None:
+        """Add the reader- and read-seconds since the last call to the busy and queue
+        counters; called before every change of `_running` or `_pending`."""
+        now = time.monotonic()
+        elapsed, self._accounted = now - self._accounted, now
+        if self._running:
+            self.metrics.reader_busy_seconds.inc(self._running * elapsed)
+        if self._pending:
+            self.metrics.reader_queue_seconds.inc(len(self._pending) * elapsed)
+
+    def _tick(self) -> None:
+        self._account()
+        self._ticker = None
+        if (self._running or self._pending) and not self._closed:
+            self._ticker = asyncio.get_running_loop().call_later(ACCOUNT_INTERVAL_S, self._tick)

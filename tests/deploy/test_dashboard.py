@@ -30,7 +30,8 @@ def test_every_query_names_only_metrics_that_exist():
     # Both services and the rules are on it.
     text = " ".join(exprs)
     for name in ("tierproxy_remote_copy_lag_bytes", "tierproxy_connections_active", "tierproxy:remote_copy_bytes:rate5m",
-                 "tierproxy_remote_copy_throttle_seconds_sum", "tierproxy_tier_passes_failed_total"):
+                 "tierproxy_remote_copy_throttle_seconds_sum", "tierproxy_tier_passes_failed_total",
+                 "tierproxy_remote_log_reader_busy_seconds_total", "tierproxy_remote_log_reader_task_queue_seconds_total"):
         assert name in text, name
 
 

@@ -9,9 +9,11 @@ import subprocess
 
 from tests.deploy.rules import DEPLOY, RULE_FILES, RULES, UNIT_TESTS, rules, unknown_metrics
 
-ALERTS = {"TierproxyProxyDown", "TierproxyPipelineDown", "TierproxyTieredStorageNotAvailable",
-          "TierproxyCorruptRemoteReads", "TierproxyReaderQueueFull", "TierproxyCopyLagGrowing",
-          "TierproxyTierPassesFailing"}
+ALERTS = {"TierproxyProxyDown", "TierproxyPipelineDown", "TierproxyRemoteStoreUnavailable",
+          "TierproxyCorruptRemoteReads", "TierproxyRemoteObjectMissing", "TierproxyEncryptionKeyMissing",
+          "TierproxyUnencryptedRemoteSegments", "TierproxyRemoteReadsFailUnexpectedly",
+          "TierproxyRemoteMetadataNotReady", "TierproxyReaderQueueFull", "TierproxyRemoteCopyErrors",
+          "TierproxyCopyLagGrowing", "TierproxyTierPassesFailing"}
 
 
 def _promtool(*args: str, cwd=RULES) -> subprocess.CompletedProcess:
@@ -46,8 +48,10 @@ def test_the_unit_tests_fail_when_an_alert_waits_longer(tmp_path):
         shutil.copy(path, tmp_path / path.name)
     alerts = tmp_path / "alerts.rules.yml"
     text = alerts.read_text()
-    assert text.count("for: 2m") == 1
-    alerts.write_text(text.replace("for: 2m", "for: 20m"))
-    done = _promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
-    assert done.returncode != 0
-    assert "TierproxyProxyDown" in done.stdout + done.stderr
+    for alert, waits in (("TierproxyProxyDown", "for: 2m"), ("TierproxyRemoteStoreUnavailable", "for: 1m")):
+        rule = text.index(f"alert: {alert}\n")
+        waited = text[:rule] + text[rule:].replace(waits, "for: 5m", 1)
+        alerts.write_text(waited)
+        done = _promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
+        assert done.returncode != 0
+        assert alert in done.stdout + done.stderr

@@ -26,6 +26,7 @@ from tierproxy.client.connection import KafkaConnection
 from tierproxy.protocol.apis import ErrorCode
 from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import fetch_request
+from tierproxy.remote_log.failures import Cause
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.manifest import BLOCK_BYTES, TAG_BYTES
 from tierproxy.storage.rsm import ObjectType
@@ -84,16 +85,15 @@ async def _remote_fetch(proxy: ProxyThread, topic: str, partition: int) -> tuple
     return answer.error_code, bytes(answer.records or b"")
 
 
-def _not_available(proxy: ProxyThread, topic: str, cause: str) -> float:
-    return proxy.metrics.value("tierproxy_tiered_storage_not_available_total", {"topic": topic, "cause": cause})
+def _not_available(proxy: ProxyThread, topic: str, cause: Cause) -> float:
+    return proxy.metrics.value("tierproxy_tiered_storage_not_available_total", {"topic": topic, "cause": cause.value})
 
 
-def _refused_and_others_served(data: TieredTopic, proxy: ProxyThread, refused: int, cause: str,
-                               reason: str) -> None:
+def _refused_and_others_served(data: TieredTopic, proxy: ProxyThread, refused: int, cause: Cause) -> None:
     code, records = asyncio.run(_remote_fetch(proxy, data.topic, refused))
     assert (code, records) == (ErrorCode.unknown_server_error, b"")
     assert _not_available(proxy, data.topic, cause) >= 1
-    assert proxy.metrics.value("tierproxy_remote_read_errors_total", {"topic": data.topic, "reason": reason}) >= 1
+    assert proxy.metrics.value("tierproxy_remote_read_errors_total", {"topic": data.topic, "reason": cause.value}) >= 1
     others = [p for p in range(PARTITIONS) if p != refused]
     consumed = consume_confluent_assigned({"bootstrap.servers": proxy.bootstrap_servers}, data.topic, others,
                                           sum(len(data.of(p)) for p in others))
@@ -127,12 +127,12 @@ async def test_with_both_keys_every_record_is_served(encrypted):
 
 def test_a_missing_key_is_refused_and_the_other_partitions_are_served(encrypted):
     with encrypted.proxy(**_settings({"k2": encrypted.keys["k2"]})) as proxy:
-        _refused_and_others_served(encrypted, proxy, 0, "EncryptionKeyNotFound", "storage")
+        _refused_and_others_served(encrypted, proxy, 0, Cause.KEY_NOT_FOUND)
 
 
 def test_a_wrong_key_is_refused_and_the_other_partitions_are_served(encrypted, impostor):
     with encrypted.proxy(**_settings({"k1": impostor, "k2": encrypted.keys["k2"]})) as proxy:
-        _refused_and_others_served(encrypted, proxy, 0, "WrongEncryptionKey", "storage")
+        _refused_and_others_served(encrypted, proxy, 0, Cause.WRONG_KEY)
 
 
 def test_tampered_ciphertext_is_refused_and_the_other_partitions_are_served(encrypted, tmp_path):
@@ -142,7 +142,7 @@ def test_tampered_ciphertext_is_refused_and_the_other_partitions_are_served(encr
     stored[1000] ^= 0x01
     log.write_bytes(stored)
     with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
-        _refused_and_others_served(encrypted, proxy, 1, "DecryptionFailed", "corrupt")
+        _refused_and_others_served(encrypted, proxy, 1, Cause.CORRUPT)
 
 
 def test_a_chunk_moved_to_another_position_is_refused_and_the_other_partitions_are_served(
@@ -153,7 +153,7 @@ def test_a_chunk_moved_to_another_position_is_refused_and_the_other_partitions_a
     step = BLOCK_BYTES + TAG_BYTES
     log.write_bytes(stored[step:2 * step] + stored[:step] + stored[2 * step:])
     with encrypted.proxy(**_settings(remote_root=tmp_path)) as proxy:
-        _refused_and_others_served(encrypted, proxy, 0, "DecryptionFailed", "corrupt")
+        _refused_and_others_served(encrypted, proxy, 0, Cause.CORRUPT)
 
 
 def test_with_encryption_required_the_plaintext_partition_is_refused_and_the_others_served(encrypted):
@@ -161,7 +161,7 @@ def test_with_encryption_required_the_plaintext_partition_is_refused_and_the_oth
     a segment whose manifest was replaced by one without encryption would be."""
     required = {"remote.log.storage.encryption.required": "true", "remote.log.storage.encryption.active.key": "k2"}
     with encrypted.proxy(**required) as proxy:
-        _refused_and_others_served(encrypted, proxy, 2, "UnencryptedSegment", "corrupt")
+        _refused_and_others_served(encrypted, proxy, 2, Cause.UNENCRYPTED)
 
 
 @pytest.mark.parametrize("partition", [1, 2], ids=["encrypted", "plaintext"])
@@ -189,7 +189,7 @@ def test_a_corrupt_block_serves_the_records_in_front_of_it(encrypted, tmp_path, 
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (
-                    len(consumed) < len(expected) or _not_available(proxy, data.topic, _CAUSES[partition]) < 3):
+                    len(consumed) < len(expected) or _not_available(proxy, data.topic, Cause.CORRUPT) < 3):
                 for message in consumer.consume(500, timeout=0.2):
                     if message.error() is None:
                         consumed.append(confluent_key(message))
@@ -197,7 +197,5 @@ def test_a_corrupt_block_serves_the_records_in_front_of_it(encrypted, tmp_path, 
             consumer.close()
         assert consumed == expected  # in order, and nothing from the corrupt block on
         corrupt = proxy.metrics.value("tierproxy_remote_read_errors_total", {"topic": data.topic, "reason": "corrupt"})
-        assert corrupt >= 1 + _not_available(proxy, data.topic, _CAUSES[partition]) >= 4
+        assert corrupt >= 1 + _not_available(proxy, data.topic, Cause.CORRUPT) >= 4
 
-
-_CAUSES = {1: "DecryptionFailed", 2: "CorruptRemoteSegment"}

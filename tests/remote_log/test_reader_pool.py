@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tierproxy.config import parse
-from tierproxy.remote_log.reader_pool import ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from tierproxy.remote_log.reader_pool import ACCOUNT_INTERVAL_S, ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.engine import RemoteReadEngine
 from tierproxy.storage.errors import RemoteStorageError
@@ -52,6 +53,34 @@ async def test_at_most_threads_run_and_the_rest_wait_in_order() -> None:
     assert [o.value for o in outcomes] == list(range(8))
     assert gate.peak == 3
     assert pool.queue_size == 0 and pool.idle_ratio() == 1.0
+    await pool.close()
+
+
+async def test_busy_and_queue_seconds_add_up_to_the_average_over_time() -> None:
+    """3 readers busy and 2 reads waiting for a while: the counters grow by 3 and 2 times that
+    while it lasts (a scrape in the middle sees the time so far), and not at all once idle."""
+    metrics = RemoteMetrics()
+    pool = RemoteLogReaderPool(threads=3, max_pending_tasks=10, metrics=metrics)
+    assert metrics.value("tierproxy_remote_log_reader_threads") == 3
+    gate = Gate()
+    before = time.monotonic()
+    futures = [pool.submit(gate.read) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    start = time.monotonic()
+    await asyncio.sleep(2.5 * ACCOUNT_INTERVAL_S)  # no read starts or ends meanwhile
+    held = time.monotonic() - start
+    busy = metrics.value("tierproxy_remote_log_reader_busy_seconds_total")
+    queued = metrics.value("tierproxy_remote_log_reader_task_queue_seconds_total")
+    assert 3 * (held - ACCOUNT_INTERVAL_S) <= busy <= 3 * (time.monotonic() - before)
+    assert 2 * (held - ACCOUNT_INTERVAL_S) <= queued <= 2 * (time.monotonic() - before)
+    gate.release.set()
+    await asyncio.gather(*futures)
+    await asyncio.sleep(0.01)
+    busy = metrics.value("tierproxy_remote_log_reader_busy_seconds_total")
+    queued = metrics.value("tierproxy_remote_log_reader_task_queue_seconds_total")
+    await asyncio.sleep(1.5 * ACCOUNT_INTERVAL_S)
+    assert metrics.value("tierproxy_remote_log_reader_busy_seconds_total") == busy
+    assert metrics.value("tierproxy_remote_log_reader_task_queue_seconds_total") == queued
     await pool.close()
 
 

@@ -87,7 +87,7 @@ async def test_an_outage_is_a_retriable_error_and_reads_resume_after_it(own_s3: 
                 await asyncio.wait_for(reader.read(partition.tp, cold, 600, min_one_batch=True), 20)
             assert raised.value.retriable
             assert metrics.value("tierproxy_remote_read_errors_total",
-                                 {"topic": partition.tp.topic, "reason": "storage"}) == 1
+                                 {"topic": partition.tp.topic, "reason": "store_unavailable"}) == 1
             # What the caches held before the outage is still served.
             check(await reader.read(partition.tp, first, 600, min_one_batch=True), partition, first, 600, True)
         finally:
