@@ -11,7 +11,7 @@ from tests.deploy.rules import DEPLOY, RULE_FILES, RULES, UNIT_TESTS, rules, unk
 
 ALERTS = {"TierproxyProxyDown", "TierproxyPipelineDown", "TierproxyTieredStorageNotAvailable",
           "TierproxyCorruptRemoteReads", "TierproxyReaderQueueFull", "TierproxyCopyLagGrowing",
-          "TierproxyTierPassesFailing"}
+          "TierproxyTierPassesFailing", "TierproxyRemoteSegmentVerifyFailed"}
 
 
 def _promtool(*args: str, cwd=RULES) -> subprocess.CompletedProcess:
