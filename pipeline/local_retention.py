@@ -13,6 +13,13 @@ tierproxy settings), or the broker deletes data that was never copied. Data olde
 tierproxy's `retention.ms` leaves the broker through this module, which applies the smaller
 of `local.retention.ms` and `retention.ms` (Kafka refuses a local retention above the total).
 
+Before the DeleteRecords, every segment the trim would leave only remote is checked where it
+is stored (`storage.verify`): its objects are there with the size and CRC-32C recorded at
+copy time. COPY_SEGMENT_FINISHED says the copy was whole once; an object deleted or altered
+since would otherwise leave offsets that neither tier can serve (KAFKA-20732). A segment
+that fails stops the trim of its partition, whose log start stays where it is, until the
+segment is repaired or copied again; the other partitions go on.
+
 The rules are Kafka's time and size rules (`retention_rule`), with local.retention.ms,
 local.retention.bytes and the local size, over our remote segments as the unit of deletion.
 
@@ -31,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.config import Config, TopicConfig
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import RemoteLogSegmentMetadata, TopicIdPartition
+from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.verify import SegmentDamage, check_segments
 
 from tierproxy.client.cluster import Cluster, ListedOffset, TopicInfo
 from .failures import log_failure, one_line
@@ -45,6 +54,7 @@ from .retention_rule import finished_segments, retention_prefix
 log = logging.getLogger(__name__)
 
 METADATA_READY_TIMEOUT_S = 30.0
+SEGMENT_CHECKS = 8  # segments of one partition checked at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,18 +132,21 @@ def local_trim(
 class LocalRetentionResult:
     trimmed: list[LocalTrim]
     failures: list[tuple[str, str]]  # (partition, error)
+    damaged: list[SegmentDamage] = field(default_factory=list)  # segments whose check stopped a trim
 
 
 async def apply_local_retention(
     config: Config,
     cluster: Cluster,
     rlmm: RemoteLogMetadataManager,
+    rsm: RemoteStorageManager,
     topics: dict[str, TopicInfo],
     *,
     now_ms: int,
 ) -> LocalRetentionResult:
     """Advance the log start offset of every tiered partition in `topics` that local
-    retention allows to move, with one DeleteRecords per partition."""
+    retention allows to move, with one DeleteRecords per partition, once the segments it
+    leaves only remote are intact in `rsm`."""
     result = LocalRetentionResult([], [])
     partitions = [(name, p) for name, info in topics.items() for p in sorted(info.partitions)]
     if not partitions:
@@ -153,6 +166,14 @@ async def apply_local_retention(
                 LocalRetentionLimits.of(config.topic(name)), now_ms,
             )
             if decision is None:
+                return
+            checked = await check_segments(rsm, decision.segments, check_crc=True, concurrency=SEGMENT_CHECKS)
+            damaged = [c for c in checked if isinstance(c, SegmentDamage)]
+            if damaged:
+                for damage in damaged:
+                    log.error("local retention of %s stopped at log start offset %d: %s", tp, log_start, damage)
+                result.damaged += damaged
+                result.failures.append((str(tp), "trim stopped: " + "; ".join(map(str, damaged))))
                 return
             low_watermarks = await cluster.delete_records(topics, {(name, partition): decision.new_log_start_offset})
             new_start = low_watermarks[(name, partition)]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tierproxy.config.metrics import register_build_info
+from tierproxy.storage.verify import REASONS as VERIFY_REASONS
 
 from .remote_log_stats import RemoteLogStats
 
@@ -85,6 +86,12 @@ class PipelineMetrics:
             "tierproxy_remote_delete_errors",
             "Remote deletes that failed, by topic; `*` when a whole step failed (Kafka's RemoteDeleteErrorsPerSec).",
             ["topic"], registry=r)
+        self.segment_verify_failures = Counter(
+            "tierproxy_remote_segment_verify_failures",
+            "Remote segments that failed their check where they are stored (an object missing, or of another "
+            "size or CRC-32C than at copy time, or a bad manifest) before local retention would have left them "
+            "only remote; each stops its partition's trim. By topic and reason (missing, size, checksum, "
+            "manifest).", ["topic", "reason"], registry=r)
         self.copy_throttle_seconds = Histogram(
             "tierproxy_remote_copy_throttle_seconds",
             "Each wait of a copy for remote.log.manager.copy.max.bytes.per.second (Kafka's "
@@ -115,6 +122,7 @@ class PipelineMetrics:
         else:
             self.passes_failed.inc()
         self._record_copies(report)
+        self._record_verify_failures(report)
         self._record_deletes(report)
         self._record_state(report)
 
@@ -146,6 +154,13 @@ class PipelineMetrics:
             gauge.clear()
             for topic, value in values.items():
                 gauge.labels(topic).set(value)
+
+    def _record_verify_failures(self, report: PassReport) -> None:
+        for topic in {p.plan.topic for p in report.partitions}:
+            for reason in VERIFY_REASONS:  # at 0 from the topic's first pass: the first failure is an increase
+                self.segment_verify_failures.labels(topic, reason)
+        for damage in getattr(report.retention, "damaged", []):
+            self.segment_verify_failures.labels(damage.segment.topic_id_partition.topic, damage.reason).inc()
 
     def _record_deletes(self, report: PassReport) -> None:
         retention = report.retention

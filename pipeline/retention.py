@@ -1,7 +1,8 @@
 """Retention after a tiering pass, in three steps:
 
 1. local retention (`local_retention`): DeleteRecords advances each tiered partition's log
-   start offset on the broker, only over data COPY_SEGMENT_FINISHED remotely;
+   start offset on the broker, only over data COPY_SEGMENT_FINISHED remotely and found
+   intact in the store;
 2. remote retention (`remote_retention`): remote segments past retention.ms / retention.bytes
    are deleted, oldest first;
 3. partition removal (`partition_remover`): the remote data of topics deleted from the
@@ -22,6 +23,7 @@ from typing import TypeVar
 from tierproxy.config import Config
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.verify import SegmentDamage
 
 from tierproxy.client.cluster import Cluster
 from .failures import log_failure
@@ -47,6 +49,7 @@ class RetentionFailure:
 @dataclass(slots=True)
 class RetentionReport:
     trimmed: list[LocalTrim] = field(default_factory=list)
+    damaged: list[SegmentDamage] = field(default_factory=list)  # remote segments that stopped a trim
     expired: list[RemoteExpiry] = field(default_factory=list)
     removed: list[PartitionRemoval] = field(default_factory=list)
     failures: list[RetentionFailure] = field(default_factory=list)
@@ -81,10 +84,11 @@ async def run_retention(
         topics = None
 
     if topics is not None:
-        local = await _step(report, LOCAL_RETENTION, apply_local_retention(config, cluster, rlmm, topics,
+        local = await _step(report, LOCAL_RETENTION, apply_local_retention(config, cluster, rlmm, rsm, topics,
                                                                            now_ms=now_ms))
         if local is not None:
             report.trimmed = local.trimmed
+            report.damaged = local.damaged
         remote = await _step(report, REMOTE_RETENTION, apply_remote_retention(config, rlmm, rsm, topics,
                                                                              now_ms=now_ms))
         if remote is not None:

@@ -27,6 +27,21 @@ class CorruptRemoteSegment(RemoteStorageError):
         super().__init__(message, retriable=False)
 
 
+class RemoteObjectMismatch(CorruptRemoteSegment):
+    """An object a segment's manifest lists is missing from the store, or its size or
+    CRC-32C there is not what the manifest records. `reason` says which: MISSING, SIZE or
+    CHECKSUM; `key` names the object."""
+
+    MISSING = "missing"
+    SIZE = "size"
+    CHECKSUM = "checksum"
+
+    def __init__(self, key: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.reason = reason
+
+
 class EncryptionKeyNotFound(RemoteStorageError):
     """An encrypted segment names a key-encryption key the configuration does not list."""
 

@@ -43,7 +43,13 @@ import crc32c
 from cachetools import LRUCache
 
 from .encryption import KeyRing, ObjectCipher, SegmentCipher
-from .errors import CorruptRangeRead, CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
+from .errors import (
+    CorruptRangeRead,
+    CorruptRemoteSegment,
+    RemoteObjectMismatch,
+    RemoteResourceNotFound,
+    RemoteStorageError,
+)
 from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
@@ -154,7 +160,12 @@ class RemoteStorageManager(abc.ABC):
 
     @abc.abstractmethod
     async def verify_segment(self, metadata: RemoteLogSegmentMetadata, *, check_crc: bool = False) -> Manifest:
-        """Check every object's size (and CRC-32C on request) against the manifest."""
+        """Check that every object the manifest lists is stored with its size (and, on
+        request, its CRC-32C) there: RemoteObjectMismatch names the first that is not.
+
+        The CRC-32C is the one the store recorded when the object was written, where it
+        keeps one (S3's own checksum, read with a HEAD); otherwise the object is read back.
+        """
 
     async def fetch_manifest(self, metadata: RemoteLogSegmentMetadata) -> Manifest:
         """The segment's manifest: its objects and sizes, and the id of its encryption key."""
@@ -237,6 +248,13 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     @abc.abstractmethod
     async def _object_size(self, key: str) -> int | None:
         """Size of an object, None when it does not exist."""
+
+    async def _stored_checksum(self, key: str) -> tuple[int, int | None] | None:
+        """Size of an object and the CRC-32C the store recorded for it when it was written,
+        None for the CRC-32C when it recorded none; None when the object does not exist.
+        A store that keeps no checksums of its own reports the size alone."""
+        size = await self._object_size(key)
+        return None if size is None else (size, None)
 
     @abc.abstractmethod
     async def _delete(self, keys: Iterable[str]) -> None:
@@ -477,15 +495,23 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         return manifest
 
     async def _verify_object(self, key: str, stored_size: int, crc: int, check_crc: bool) -> None:
-        size = await self._object_size(key)
-        if size is None:
-            raise CorruptRemoteSegment(f"{key} is in the manifest but missing")
-        if size != stored_size:
-            raise CorruptRemoteSegment(f"{key}: size {size}, manifest says {stored_size}")
         if check_crc:
-            actual = (await self._checksum(key, size)).crc32c if size else 0
+            found = await self._stored_checksum(key)
+            size, recorded = found if found is not None else (None, None)
+        else:
+            size, recorded = await self._object_size(key), None
+        if size is None:
+            raise RemoteObjectMismatch(key, RemoteObjectMismatch.MISSING, f"{key} is in the manifest but missing")
+        if size != stored_size:
+            raise RemoteObjectMismatch(key, RemoteObjectMismatch.SIZE,
+                                       f"{key}: size {size}, manifest says {stored_size}")
+        if check_crc:
+            # What the store recorded at upload, or else what it returns now.
+            actual = recorded if recorded is not None else (await self._checksum(key, size)).crc32c if size else 0
             if actual != crc:
-                raise CorruptRemoteSegment(_mismatch(key, size, actual, stored_size, crc))
+                how = "recorded by the store" if recorded is not None else "read back"
+                raise RemoteObjectMismatch(key, RemoteObjectMismatch.CHECKSUM,
+                                           f"{_mismatch(key, size, actual, stored_size, crc)} ({how})")
 
     async def _checksum(self, key: str, size: int) -> ObjectEntry:
         crc = Crc32cAccumulator()

@@ -3,8 +3,11 @@
 Reads are ranged GETs streamed in chunks; segments above a threshold go up as
 multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
 asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
-reads need nothing for it. Retries are ours, not botocore's
-(its retry budget is set to one attempt): Kafka's exponential backoff with jitter
+reads need nothing for it. Every upload carries its CRC-32C, which S3 checks on arrival
+and keeps with the object; `verify_segment` reads it with a HEAD instead of reading the
+object back (which it does where the store keeps none, or for an object written without one).
+
+Retries are ours, not botocore's (its retry budget is set to one attempt): Kafka's exponential backoff with jitter
 (`storage.backoff`, from `remote.log.manager.task.retry.backoff.ms`, `.retry.backoff.max.ms`
 and `.retry.jitter`), on retriable failures only, and for a proxy's read only while the
 fetch waiting for it still waits (`storage.backoff.read_deadline`). A failure while a response body is
@@ -15,12 +18,14 @@ surfaces as a retriable RemoteStorageError.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
+import crc32c
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore import exceptions as boto
@@ -140,7 +145,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             retries={"total_max_attempts": 1, "mode": "standard"},
             # Path-style addressing for S3-compatible stores (moto, MinIO) on a plain endpoint.
             s3={"addressing_style": "path"} if endpoint_url else None,
-            # Our manifest holds CRC-32C of every object; skip botocore's extra checksums.
+            # Uploads send the CRC-32C the manifest records themselves (botocore's own
+            # CRC-32C needs awscrt), and reads are checked against the manifest.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -208,8 +214,9 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
     async def _put_stream(self, key: str, chunks: Iterator[bytes], size: int) -> ObjectEntry:
         if size < self.multipart_threshold_bytes:
             data = await asyncio.to_thread(b"".join, chunks)  # below the threshold: bounded by configuration
-            await self._put_bytes(key, data)
-            return entry_of(data)
+            entry = entry_of(data)
+            await self._put_object(key, data, entry.crc32c)
+            return entry
         return await self._put_multipart(key, _Parts(chunks, self.multipart_part_bytes))
 
     async def _put_multipart(self, key: str, source: _Parts) -> ObjectEntry:
@@ -217,7 +224,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         created = await self._call(
             "create_multipart_upload",
             f"create multipart upload {where}",
-            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key, **self._sse),
+            lambda s3: s3.create_multipart_upload(Bucket=self.bucket, Key=key, **self._sse, **_CRC32C_UPLOAD),
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
@@ -229,21 +236,24 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     if number > S3_MAX_PARTS:
                         raise RemoteStorageError(f"{where}: more than {S3_MAX_PARTS} parts", retriable=False)
                     crc.update(part)
+                    part_crc = _crc32c_header(crc32c.crc32c(part))
                     response = await self._call(
                         "upload_part",
                         f"upload part {number} of {where}",
-                        lambda s3, part=part, number=number: s3.upload_part(
-                            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part
+                        lambda s3, part=part, number=number, part_crc=part_crc: s3.upload_part(
+                            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part,
+                            ChecksumAlgorithm="CRC32C", ChecksumCRC32C=part_crc,
                         ),
                     )
-                    parts.append({"PartNumber": number, "ETag": response["ETag"]})
+                    parts.append({"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32C": part_crc})
             finally:
                 await asyncio.to_thread(source.close)
             await self._call(
                 "complete_multipart_upload",
                 f"complete multipart upload {where}",
                 lambda s3: s3.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts},
+                    ChecksumType="FULL_OBJECT", ChecksumCRC32C=_crc32c_header(crc.crc),
                 ),
             )
         except BaseException:
@@ -255,9 +265,16 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         return crc.entry()
 
     async def _put_bytes(self, key: str, data: bytes) -> None:
+        await self._put_object(key, data, crc32c.crc32c(data))
+
+    async def _put_object(self, key: str, data: bytes, crc: int) -> None:
+        """PutObject with the CRC-32C of `data`: S3 refuses the upload if the bytes it got
+        differ, and keeps the checksum for `_stored_checksum`."""
         await self._call(
             "put",
-            f"put {self._where(key)}", lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data, **self._sse)
+            f"put {self._where(key)}",
+            lambda s3: s3.put_object(Bucket=self.bucket, Key=key, Body=data, **self._sse,
+                                     ChecksumAlgorithm="CRC32C", ChecksumCRC32C=_crc32c_header(crc)),
         )
 
     async def _get_bytes(self, key: str) -> bytes:
@@ -314,6 +331,17 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             return None
         return int(response["ContentLength"])
 
+    async def _stored_checksum(self, key: str) -> tuple[int, int | None] | None:
+        try:
+            response = await self._call(
+                "head",
+                f"head {self._where(key)}",
+                lambda s3: s3.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED"),
+            )
+        except RemoteResourceNotFound:
+            return None
+        return int(response["ContentLength"]), _recorded_crc32c(response)
+
     async def _delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for start in range(0, len(keys), DELETE_BATCH):
@@ -358,6 +386,31 @@ def _is_invalid_range(error: RemoteStorageError) -> bool:
         cause.response.get("Error", {}).get("Code") == "InvalidRange"
         or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416
     )
+
+
+# Every upload carries the object's CRC-32C (S3's "additional checksum"): S3 checks the bytes
+# it receives against it and keeps it with the object, where a HEAD reads it back. A multipart
+# upload asks for the checksum of the whole object (FULL_OBJECT), not one of its parts' checksums.
+_CRC32C_UPLOAD = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"}
+
+
+def _crc32c_header(crc: int) -> str:
+    """A CRC-32C as S3's x-amz-checksum-crc32c writes it: base64 of its 4 big-endian bytes."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
+
+def _recorded_crc32c(response: dict[str, Any]) -> int | None:
+    """The whole object's CRC-32C from a HEAD with ChecksumMode=ENABLED; None when the object
+    was stored without one (written before uploads carried it, by another tool, or by a store
+    that keeps none) or with a checksum of its parts only (`...-N`)."""
+    value = response.get("ChecksumCRC32C")
+    if not value or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None  # "...-N": a composite checksum of the parts
+    return int.from_bytes(raw, "big") if len(raw) == 4 else None
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:

@@ -107,6 +107,9 @@ def _add_status(commands) -> None:
     _config_arguments(status)
     _log_level(status, "WARNING")
     status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.add_argument("--verify", action="store_true",
+                        help="check the CRC-32C of every remote object too (S3: the checksum recorded at upload; "
+                             "otherwise the object is read back)")
     status.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long to wait for the remote log metadata to load")
     status.set_defaults(run=_lazy("tierproxy.status"))

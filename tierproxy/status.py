@@ -19,7 +19,14 @@ when a retired key may leave `remote.log.storage.encryption.keys`, and, as a pro
 every segment whose key that setting does not list (it cannot be read), and with
 `remote.log.storage.encryption.required=true` every segment stored unencrypted (refused).
 
-Exit codes: 0 every invariant holds and every segment's key is configured, 1 otherwise
+Every object a segment's manifest lists is checked in the store: that it is there with the
+size the manifest records (a HEAD, or a stat, per object); with `--verify` its CRC-32C too,
+as recorded by the store at upload (S3) or read back (a whole read of every remote byte
+where the store keeps no checksum). A segment with an object missing, or of another size or
+CRC-32C, is a problem: it cannot be read. The pipeline checks the same, with the CRC-32C,
+before it trims a partition over a segment, and stops that partition's trim at one that fails.
+
+Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
 (each such partition is named on stderr), 2 the configuration is invalid or the
 cluster, metadata or remote storage cannot be read. Reads only; never imports pyspark.
 """
@@ -55,6 +62,7 @@ from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
 from tierproxy.storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
+from tierproxy.storage.verify import SegmentDamage, check_segments
 
 from tierproxy.config import Config, ConfigError, key_files, load, REMOTE_LOG_METADATA_BACKEND, \
     REMOTE_LOG_METADATA_DIR, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
@@ -180,35 +188,67 @@ def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> li
     return [s for s in rlmm.list_segments(tp) if s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
 
 
-async def _key_ids(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata]
-                   ) -> list[tuple[str | None, str | None]]:
-    """Per segment: the id of its encryption key (None when it is not encrypted), or the
-    error its manifest gave. A store that cannot be read at all raises."""
-    limit = asyncio.Semaphore(MANIFEST_READS)
+@dataclass(frozen=True)
+class SegmentFound:
+    """What status found of one segment in the store: the id of its encryption key (None
+    when it is not encrypted), why its manifest could not be read, and what is wrong with
+    its objects."""
 
-    async def key_id(segment: RemoteLogSegmentMetadata) -> tuple[str | None, str | None]:
-        async with limit:
+    key_id: str | None = None
+    manifest_error: str | None = None
+    damage: SegmentDamage | None = None
+
+
+async def _segments_found(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata], *, verify: bool
+                          ) -> list[SegmentFound]:
+    """Per segment, its manifest read and every object it lists checked in the store: its
+    size, and with `verify` its CRC-32C (storage.verify). A store that cannot be read at all
+    raises."""
+    checked = await check_segments(rsm, segments, check_crc=verify, concurrency=MANIFEST_READS)
+    # An object missing may be a delete of remote retention that began after the segments
+    # were listed (it removes the manifest first): such a segment is looked at once more.
+    again = iter(await check_segments(rsm, [c.segment for c in checked if _object_damage(c)],
+                                      check_crc=verify, concurrency=MANIFEST_READS))
+    found = []
+    for segment, result in zip(segments, checked):
+        if _object_damage(result):
+            result = next(again)
+        if isinstance(result, SegmentDamage) and result.key is None:
+            found.append(SegmentFound(manifest_error=result.error))
+            continue
+        if isinstance(result, SegmentDamage):
             try:
                 manifest = await rsm.fetch_manifest(segment)
             except (RemoteResourceNotFound, CorruptRemoteSegment) as e:
-                return None, str(e)
-        return (manifest.encryption.key_id if manifest.encryption else None), None
+                found.append(SegmentFound(manifest_error=str(e)))
+                continue
+            damage: SegmentDamage | None = result
+        else:
+            manifest, damage = result, None
+        found.append(SegmentFound(manifest.encryption.key_id if manifest.encryption else None, None, damage))
+    return found
 
-    return await asyncio.gather(*(key_id(s) for s in segments))
+
+def _object_damage(result: object) -> bool:
+    return isinstance(result, SegmentDamage) and result.key is not None
 
 
 def _encryption(
-    segments: list[RemoteLogSegmentMetadata], found: list[tuple[str | None, str | None]], configured: Iterable[str],
+    segments: list[RemoteLogSegmentMetadata], found: list[SegmentFound], configured: Iterable[str],
     required: bool,
 ) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
     """(segments per key id, problems, warnings) of one partition's segments."""
     used: Counter[str] = Counter()
     problems, warnings = [], []
-    for segment, (key_id, error) in zip(segments, found):
+    for segment, f in zip(segments, found):
+        key_id = f.key_id
         name = f"segment {segment.segment_id.id} (offsets {segment.start_offset}-{segment.end_offset})"
-        if error is not None:
-            warnings.append(f"{name}: manifest not read: {error}")
-        elif key_id is not None:
+        if f.manifest_error is not None:
+            warnings.append(f"{name}: manifest not read: {f.manifest_error}")
+            continue
+        if f.damage is not None:
+            problems.append(f"{name} cannot be read: {f.damage.error}")
+        if key_id is not None:
             used[key_id] += 1
             if key_id not in configured:
                 problems.append(f"{name} is encrypted with key {key_id!r}, which "
@@ -232,11 +272,12 @@ def _key_usage(config: Config, partitions: list[PartitionStatus]) -> list[KeyUsa
 
 
 async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
-                  rsm: RemoteStorageManager | None = None) -> Report:
+                  rsm: RemoteStorageManager | None = None, verify: bool = False) -> Report:
     """Reads in an order that a running pipeline cannot turn into a false alarm: the
     pipeline advances Lx only after Ry covers it, and Ly and Lz only grow. So Lx is read
-    before the remote metadata, and Ly and then Lz after it. The segments' manifests come
-    last (`rsm`, by default the configuration's)."""
+    before the remote metadata, and Ly and then Lz after it. The segments' manifests and
+    objects come last (`rsm`, by default the configuration's); `verify` checks each
+    object's CRC-32C too."""
     wanted = [t.name for t in config.tiered_topics]
     async with AsyncExitStack() as stack:
         rsm = await stack.enter_async_context(rsm if rsm is not None else remote_storage_manager(config))
@@ -257,7 +298,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}
         stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
-        found = {tp: await _key_ids(rsm, finished[tp]) for tp in tps}
+        found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -315,7 +356,8 @@ def report_problems(report: Report, err: TextIO) -> None:
 
 
 def status(
-    path: str | None, overrides: Iterable[str], *, as_json: bool, timeout: float, out: TextIO, err: TextIO
+    path: str | None, overrides: Iterable[str], *, as_json: bool, timeout: float, out: TextIO, err: TextIO,
+    verify: bool = False,
 ) -> int:
     try:
         config = load(path, overrides)
@@ -324,7 +366,7 @@ def status(
         print(f"tierproxy status: invalid configuration: {e}", file=err)
         return EXIT_ERROR
     try:
-        report = asyncio.run(collect(config, timeout=timeout, rsm=rsm))
+        report = asyncio.run(collect(config, timeout=timeout, rsm=rsm, verify=verify))
     except RemoteStorageError as e:
         print(f"tierproxy status: cannot read the remote segments: {e}", file=err)
         return EXIT_ERROR
@@ -342,4 +384,4 @@ def status(
 
 def run(args: argparse.Namespace) -> int:
     return status(args.config, args.override, as_json=args.json, timeout=args.timeout,
-                  out=sys.stdout, err=sys.stderr)
+                  out=sys.stdout, err=sys.stderr, verify=args.verify)

@@ -13,7 +13,7 @@ ALERTS = {"TierproxyProxyDown", "TierproxyPipelineDown", "TierproxyRemoteStoreUn
           "TierproxyCorruptRemoteReads", "TierproxyRemoteObjectMissing", "TierproxyEncryptionKeyMissing",
           "TierproxyUnencryptedRemoteSegments", "TierproxyRemoteReadsFailUnexpectedly",
           "TierproxyRemoteMetadataNotReady", "TierproxyReaderQueueFull", "TierproxyRemoteCopyErrors",
-          "TierproxyCopyLagGrowing", "TierproxyTierPassesFailing"}
+          "TierproxyCopyLagGrowing", "TierproxyTierPassesFailing", "TierproxyRemoteSegmentVerifyFailed"}
 
 
 def _promtool(*args: str, cwd=RULES) -> subprocess.CompletedProcess:

@@ -26,6 +26,7 @@ from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     DecryptionFailed,
     EncryptionKeyNotFound,
+    RemoteObjectMismatch,
     RemoteResourceNotFound,
     RemoteStorageError,
     UnencryptedSegment,
@@ -388,6 +389,36 @@ class RemoteStorageManagerContract(abc.ABC):
         await self.raw_delete(rsm, key)
         with pytest.raises(CorruptRemoteSegment, match=key):
             await rsm.verify_segment(segment.metadata)
+
+    async def test_verify_names_each_damaged_object_and_what_is_wrong(
+        self, rsm: RemoteStorageManager, tmp_path: Path
+    ) -> None:
+        """What the pipeline checks before it trims the broker: every object of the segment
+        is in the store with the size and CRC-32C its manifest records (the store's own
+        checksum where it keeps one, the bytes read back where not)."""
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 0)
+        deleted, flipped, truncated, intact = (
+            make_segment(tmp_path, topic_id_partition=tip, start_offset=o, log_size=60_000) for o in (0, 100, 200, 300))
+        for segment in (deleted, flipped, truncated, intact):
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await self.raw_delete(rsm, self.key(rsm, deleted, ObjectType.LOG))
+        await self.flip(rsm, self.key(rsm, flipped, ObjectType.LOG), 59_999, 0x80)
+        index = self.key(rsm, truncated, ObjectType.OFFSET_INDEX)
+        await self.raw_write(rsm, index, (await self.raw_read(rsm, index))[:-8])
+
+        for segment, object_type, reason in ((deleted, ObjectType.LOG, RemoteObjectMismatch.MISSING),
+                                             (flipped, ObjectType.LOG, RemoteObjectMismatch.CHECKSUM),
+                                             (truncated, ObjectType.OFFSET_INDEX, RemoteObjectMismatch.SIZE)):
+            key = self.key(rsm, segment, object_type)
+            with pytest.raises(RemoteObjectMismatch, match=key) as raised:
+                await rsm.verify_segment(segment.metadata, check_crc=True)
+            assert (raised.value.key, raised.value.reason) == (key, reason)
+        # Without the checksum, only what sizes tell.
+        await rsm.verify_segment(flipped.metadata)
+        with pytest.raises(RemoteObjectMismatch, match=RemoteObjectMismatch.MISSING):
+            await rsm.verify_segment(deleted.metadata)
+        manifest = await rsm.verify_segment(intact.metadata, check_crc=True)
+        assert manifest.objects[ObjectType.LOG.value].size == len(intact.log)
 
     async def test_copy_without_manifest_is_refused(self, rsm: RemoteStorageManager, tmp_path: Path) -> None:
         segment = make_segment(tmp_path)

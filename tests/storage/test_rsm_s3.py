@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import crc32c
 import pytest
 import pytest_asyncio
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
 import tierproxy.storage.s3
-from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
+from tierproxy.storage.errors import (
+    CorruptRemoteSegment,
+    RemoteObjectMismatch,
+    RemoteResourceNotFound,
+    RemoteStorageError,
+)
 from tierproxy.storage.model import IndexType
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
 from tierproxy.storage.s3 import MIB, S3RemoteStorageManager, storage_error
@@ -48,6 +55,43 @@ async def test_every_request_to_the_store_is_reported(s3_server: S3Server, tmp_p
         await read_all(rsm, segment.metadata, 0, 99)
     assert copied > 0 and all(ok for _, ok in seen)
     assert len(seen) > copied  # the read reported its own requests too
+
+
+def _s3_crc32c(data: bytes) -> str:
+    """The CRC-32C of `data` as S3 writes it (x-amz-checksum-crc32c)."""
+    return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode()
+
+
+async def test_verify_reads_the_checksum_s3_recorded_at_upload_not_the_object(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    small, large = make_segment(tmp_path, log_size=1000), make_segment(tmp_path, log_size=LARGE_SEGMENT_BYTES)
+    async with manager(s3_server) as rsm:
+        seen: list[str] = []
+        rsm.observe_requests(lambda operation, seconds, ok: seen.append(operation))
+        for segment in (small, large):  # one PutObject, and a multipart upload
+            await rsm.copy_log_segment_data(segment.metadata, segment.data)
+            seen.clear()
+            manifest = await rsm.verify_segment(segment.metadata, check_crc=True)
+            assert sorted(set(seen)) == ["get", "head"]  # the manifest, then a HEAD per object
+            assert seen.count("head") == len(manifest.objects)
+        # An object replaced by one S3 keeps another CRC-32C for: found by the HEAD alone.
+        key = rsm._key(small.metadata, ObjectType.LOG)
+        other = bytes(b ^ 1 for b in small.log)
+        await asyncio.to_thread(s3_server.client().put_object, Bucket=s3_server.bucket, Key=key, Body=other,
+                                ChecksumAlgorithm="CRC32C", ChecksumCRC32C=_s3_crc32c(other))
+        seen.clear()
+        with pytest.raises(RemoteObjectMismatch, match="recorded by the store") as raised:
+            await rsm.verify_segment(small.metadata, check_crc=True)
+        assert (raised.value.key, raised.value.reason) == (key, RemoteObjectMismatch.CHECKSUM)
+        assert "get_range" not in seen
+        # One stored without a CRC-32C (by another tool) is read back.
+        await asyncio.to_thread(s3_server.client().put_object, Bucket=s3_server.bucket, Key=key, Body=other)
+        with pytest.raises(RemoteObjectMismatch, match="read back"):
+            await rsm.verify_segment(small.metadata, check_crc=True)
+    head = s3_server.client().head_object(Bucket=s3_server.bucket, Key=rsm._key(large.metadata, ObjectType.LOG),
+                                          ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32C"] == _s3_crc32c(large.log)
 
 
 class TestS3RemoteStorageManagerEncrypted(EncryptedRemoteStorageManagerContract, TestS3RemoteStorageManager):
