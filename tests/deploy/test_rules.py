@@ -48,7 +48,7 @@ def test_the_unit_tests_fail_when_an_alert_waits_longer(tmp_path):
         shutil.copy(path, tmp_path / path.name)
     alerts = tmp_path / "alerts.rules.yml"
     text = alerts.read_text()
-    for alert, waits in (("TierproxyProxyDown", "for: 2m"), ("TierproxyRemoteStoreUnavailable", "for: 1m")):
+    for alert, waits in (("TierproxyProxyDown", "for: 2m"), ("TierproxyRemoteStoreUnavailable", "for: 2m")):
         rule = text.index(f"alert: {alert}\n")
         waited = text[:rule] + text[rule:].replace(waits, "for: 5m", 1)
         alerts.write_text(waited)
