@@ -11,7 +11,9 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    offset is ever copied.
 2. Clean leftovers of earlier passes: every COPY_SEGMENT_STARTED segment of a planned
    partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
-   partition whose cleanup fails (its store fails) copies nothing in this pass.
+   partition with something to copy has them cleaned by its commit (step 4), after the
+   copy, so that with the store down its summary names the failed upload first, and the
+   failed cleanup after it.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
    parallel across executors. A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
@@ -275,18 +277,21 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
         plans = await plan_pass(config, cluster, rlmm)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())
+        # A partition with something to copy has its orphans cleaned by its commit, after
+        # the copy: with the store down, what its summary names first is the failed upload.
         for p in plans:
+            if not p.empty:
+                continue
             summary = summaries[(p.topic, p.partition)]
             try:
                 summary.cleaned += len(await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
             except (RemoteStorageError, RemoteLogMetadataError) as e:
-                # The orphans stay (never served) for the next pass; this partition copies
-                # nothing now, as its store just failed.
+                # The orphans stay (never served) for the next pass.
                 error = log_failure(log, logging.ERROR, f"{summary.name}: orphan cleanup", e)
                 summary.error = f"orphan cleanup failed: {error}"
                 summary.cleanup_failed, summary.copy_lag = True, None
 
-        to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
+        to_copy = [p for p in plans if not p.empty]
         if to_copy:
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
@@ -327,8 +332,10 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
     summary.bytes = commit.bytes_committed
     summary.pending_bytes = result.pending_bytes
     summary.cleaned += len(commit.cleaned)
-    summary.error = error or commit.error
+    # The copy's own failure first; the commit's (its orphan cleanup, say) after it.
+    summary.error = "; ".join(e for e in (error and f"copy failed: {error}", commit.error) if e) or None
     summary.uploaded = len(result.segments)
+    summary.cleanup_failed = commit.cleanup_failed
     summary.copy_failed = summary.error is not None
     summary.copy_lag = None if error else (result.bytes_copied, len(result.segments))
 
