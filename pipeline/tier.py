@@ -151,6 +151,8 @@ class PassReport:
     disabled: RemoteStorageDisableResult = field(default_factory=RemoteStorageDisableResult)
     remote_logs: dict[str, RemoteLogStats] = field(default_factory=dict)  # by partition, after the pass
     error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
+    # (topic, partition): error, for partitions left out of the pass (their leader did not answer)
+    unplanned: dict[tuple[str, int], str] = field(default_factory=dict)
 
     @property
     def segments(self) -> int:
@@ -171,6 +173,7 @@ class PassReport:
     @property
     def errors(self) -> list[str]:
         errors = [f"pass: {self.error}"] if self.error else []
+        errors += [f"{topic}-{partition}: not planned: {error}" for (topic, partition), error in self.unplanned.items()]
         errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
         failures = getattr(self.retention, "failures", None) or []
         errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
@@ -274,7 +277,7 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
     """Fills `report` as it goes, so that what was done is reported when a step fails."""
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm:
-        plans = await plan_pass(config, cluster, rlmm)
+        plans = await plan_pass(config, cluster, rlmm, unplanned=report.unplanned)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())
         # A partition with something to copy has its orphans cleaned by its commit, after
