@@ -22,9 +22,15 @@ from .queries import ClusterError, ClusterQueries, ListedOffset, PartitionInfo, 
 from .security import PLAINTEXT, Security, security
 from tierproxy.config import BOOTSTRAP_SERVERS
 
-__all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "check_login", "ListedOffset", "PartitionInfo", "TopicInfo"]
+__all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "LeaderUnavailable", "check_login",
+           "ListedOffset", "PartitionInfo", "TopicInfo"]
 
 T = TypeVar("T")
+
+
+class LeaderUnavailable(ConnectionError):
+    """A partition's leader did not answer (unreachable, its connection broke or timed
+    out), or the partition has no leader: only the partitions it leads are affected."""
 
 
 async def check_login(config: Mapping[str, Any], *, client_id: str = "tierproxy") -> None:
@@ -82,12 +88,21 @@ class Cluster:
                 raise ConnectionError(f"no bootstrap server reachable: {'; '.join(errors)}")
         return self._bootstrap_connection
 
+    async def _forget(self, node_id: int) -> None:
+        """Drop a node's connection after it failed: the next request opens a new one."""
+        async with self._lock:
+            connection = self._connections.pop(node_id, None)
+        if connection is not None:
+            await connection.close()
+
     async def _node(self, node_id: int) -> KafkaConnection:
         async with self._lock:
             connection = self._connections.get(node_id)
             if connection is None:
                 if node_id not in self._brokers:
                     await self.topics([])
+                if node_id not in self._brokers:
+                    raise LeaderUnavailable(f"broker {node_id} is not in the cluster's metadata")
                 host, port = self._brokers[node_id]
                 connection = await KafkaConnection.open(host, port, security=self._security, client_id=self._client_id)
                 self._connections[node_id] = connection
@@ -109,14 +124,17 @@ class Cluster:
         spec: int,
         *,
         isolation_level: int = READ_UNCOMMITTED,
+        failures: dict[tuple[str, int], Exception] | None = None,
     ) -> dict[tuple[str, int], ListedOffset]:
         """ListOffsets for each (topic, partition), sent to its leader. With LATEST and
-        READ_COMMITTED the answer is the last stable offset."""
+        READ_COMMITTED the answer is the last stable offset. A partition the broker refuses,
+        or whose leader is unavailable, raises; with `failures` it is left out and its
+        error put there instead, so that one broker down fails only its partitions."""
         what = f"ListOffsets {OffsetSpec(spec).name if spec < 0 else spec}"
         answers = await self._to_leaders(
             topics, {tp: tp[1] for tp in partitions},
             lambda queries, wanted: queries.list_offsets(wanted, spec, isolation_level))
-        return _without_errors(what, answers)
+        return _without_errors(what, answers, failures)
 
     async def fetch_raw(
         self, topics: dict[str, TopicInfo], topic: str, partition: int, offset: int, max_bytes: int, *,
@@ -142,25 +160,49 @@ class Cluster:
         self, topics: dict[str, TopicInfo], items: Mapping[tuple[str, int], Any],
         ask: Callable[[ClusterQueries, dict[str, list[Any]]], Awaitable[dict[tuple[str, int], T]]], *,
         timeout: float = 30.0,
-    ) -> dict[tuple[str, int], T]:
-        """`ask` each leader, concurrently, about {topic: [item, ...]} of the partitions it leads."""
+    ) -> dict[tuple[str, int], T | LeaderUnavailable]:
+        """`ask` each leader, concurrently, about {topic: [item, ...]} of the partitions it
+        leads. The partitions of a leader that does not answer get LeaderUnavailable."""
         by_leader: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
         for (topic, partition), item in items.items():
             by_leader[topics[topic].partitions[partition].leader][topic].append(item)
 
-        async def ask_leader(leader: int, wanted: dict[str, list[Any]]) -> dict[tuple[str, int], T]:
-            connection = await self._node(leader)
-            return await ask(ClusterQueries(functools.partial(connection.request, timeout=timeout)), wanted)
+        async def ask_leader(leader: int, wanted: dict[str, list[Any]]) -> dict[tuple[str, int], Any]:
+            try:
+                if leader < 0:
+                    raise LeaderUnavailable("no leader")
+                connection = await self._node(leader)
+                return await ask(ClusterQueries(functools.partial(connection.request, timeout=timeout)), wanted)
+            except (ConnectionError, TimeoutError) as e:
+                if isinstance(e, AuthenticationError):
+                    raise  # the same credentials fail on every broker
+                await self._forget(leader)
+                error = e if isinstance(e, LeaderUnavailable) else LeaderUnavailable(f"leader {leader}: {e}")
+                return {(topic, partition): error for (topic, partition) in items
+                        if topics[topic].partitions[partition].leader == leader}
 
-        answers: dict[tuple[str, int], T] = {}
+        answers: dict[tuple[str, int], Any] = {}
         for answer in await asyncio.gather(*(ask_leader(leader, wanted) for leader, wanted in by_leader.items())):
             answers.update(answer)
         return answers
 
 
-def _without_errors(what: str, answers: Mapping[tuple[str, int], T | ErrorCode]) -> dict[tuple[str, int], T]:
-    """The answers, or ClusterError naming the first partition the broker refused."""
+def _without_errors(
+    what: str, answers: Mapping[tuple[str, int], T | ErrorCode | Exception],
+    failures: dict[tuple[str, int], Exception] | None = None,
+) -> dict[tuple[str, int], T]:
+    """The answers, or ClusterError naming the first partition the broker refused (the
+    first LeaderUnavailable likewise); with `failures`, those partitions go there instead."""
+    out: dict[tuple[str, int], T] = {}
     for (topic, partition), answer in answers.items():
         if isinstance(answer, ErrorCode):
-            raise ClusterError(f"{what} of {topic}-{partition}: {error_name(answer)}", answer)
-    return dict(answers)  # type: ignore[arg-type]
+            error: Exception = ClusterError(f"{what} of {topic}-{partition}: {error_name(answer)}", answer)
+        elif isinstance(answer, Exception):
+            error = LeaderUnavailable(f"{what} of {topic}-{partition}: {answer}")
+        else:
+            out[(topic, partition)] = answer
+            continue
+        if failures is None:
+            raise error
+        failures[(topic, partition)] = error
+    return out

@@ -51,6 +51,7 @@ class CommitResult:
     committed: list[RemoteLogSegmentMetadata] = field(default_factory=list)
     cleaned: list[RemoteLogSegmentMetadata] = field(default_factory=list)
     error: str | None = None
+    cleanup_failed: bool = False  # deleting the other STARTED segments failed
 
     @property
     def bytes_committed(self) -> int:
@@ -120,7 +121,7 @@ async def commit_partition(
                 RemoteLogSegmentMetadataUpdate(m.segment_id, _now_ms(), S.COPY_SEGMENT_FINISHED, plan.leader_epoch))
             result.committed.append(m)
     except (CommitError, RemoteStorageError, RemoteLogMetadataError) as e:
-        result.error = f"{tp}: {e}"
+        result.error = str(e)  # the summary names the partition
         log.error("commit of %s stopped: %s", tp, e)
     # Winners not committed (after a failed check) are orphans like any other attempt's.
     try:
@@ -128,7 +129,8 @@ async def commit_partition(
             rlmm, rsm, tp, plan.leader_epoch, keep=(m.segment_id for m in result.committed))
     except (RemoteStorageError, RemoteLogMetadataError) as e:
         # Left as they are (never served); the next pass cleans them again.
-        error = f"{tp}: orphan cleanup failed: {log_failure(log, logging.ERROR, f'{tp}: orphan cleanup', e)}"
+        error = f"orphan cleanup failed: {log_failure(log, logging.ERROR, f'{tp}: orphan cleanup', e)}"
+        result.cleanup_failed = True
         result.error = f"{result.error}; {error}" if result.error else error
     return result
 

@@ -44,6 +44,7 @@ from tierproxy.storage.factory import remote_log_metadata_manager, remote_storag
 from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, segment_file_name
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
+from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
 from tierproxy.storage.quota import RateQuota
 from tierproxy.storage.rsm import RemoteStorageManager
@@ -151,11 +152,17 @@ async def copy_partition(
         nonlocal producer_state, leader_epochs
         if quota is not None:  # KIP-956: wait while the copy quota is exceeded, as Kafka's copy task does
             await quota.acquire(writer.size)
-        copied = await copy_segment(
-            rsm, rlmm, tip, writer.path, writer.base_offset, work_dir,
-            producer_state=producer_state, leader_epochs=leader_epochs, index_interval_bytes=index_interval,
-            leader_epoch=plan.leader_epoch, event_timestamp_ms=now_ms(),
-        )
+        try:
+            copied = await copy_segment(
+                rsm, rlmm, tip, writer.path, writer.base_offset, work_dir,
+                producer_state=producer_state, leader_epochs=leader_epochs, index_interval_bytes=index_interval,
+                leader_epoch=plan.leader_epoch, event_timestamp_ms=now_ms(),
+            )
+        except RemoteStorageError as e:
+            # Named as the upload it is: its first store call may be a delete (of a retried
+            # copy's stale objects), which would otherwise read like a cleanup.
+            raise RemoteStorageError(f"upload of the segment at offset {writer.base_offset} of {tip}: {e}",
+                                     retriable=e.retriable) from e
         producer_state, leader_epochs = copied.indexes.producer_state, copied.indexes.leader_epochs
         result.segments.append(serialize(copied.metadata))  # the task fails as a whole if a copy does
         data = copied.data

@@ -30,6 +30,7 @@ from tierproxy.storage.metadata.serde import serialize
 from tierproxy.storage.model import RemoteLogSegmentState, TopicIdPartition
 
 from tierproxy.client.cluster import READ_COMMITTED, Cluster
+from .failures import log_failure
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,12 @@ def copy_range(local_log_start: int, last_stable: int, remote_end: int | None) -
 
 
 async def plan_pass(
-    config: Config, cluster: Cluster, rlmm: RemoteLogMetadataManager, *, metadata_timeout_s: float = 30.0
+    config: Config, cluster: Cluster, rlmm: RemoteLogMetadataManager, *, metadata_timeout_s: float = 30.0,
+    unplanned: dict[tuple[str, int], str] | None = None,
 ) -> list[PartitionPlan]:
-    """Every partition of every tiered topic present in the cluster, by topic and partition."""
+    """Every partition of every tiered topic present in the cluster, by topic and partition.
+    A partition whose leader does not answer (or refuses) raises; with `unplanned` it is
+    left out and its error put there, so that one broker down fails only its partitions."""
     tiered = {t.name: t for t in config.tiered_topics}
     if not tiered:
         return []
@@ -93,11 +97,18 @@ async def plan_pass(
     tps = [(name, p) for name, info in sorted(topics.items()) for p in sorted(info.partitions)]
     if not tps:
         return []
-    earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
-    stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
+    failures: dict[tuple[str, int], Exception] | None = None if unplanned is None else {}
+    earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST, failures=failures)
+    stable = await cluster.list_offsets(topics, [tp for tp in tps if tp in earliest], OffsetSpec.LATEST,
+                                        isolation_level=READ_COMMITTED, failures=failures)
+    for (name, p), error in (failures or {}).items():
+        assert unplanned is not None
+        unplanned[(name, p)] = log_failure(log, logging.ERROR, f"planning {name}-{p}", error)
 
     plans = []
     for name, p in tps:
+        if (name, p) not in stable:
+            continue
         info, settings = topics[name], tiered[name]
         tip = TopicIdPartition(info.topic_id, name, p)
         await rlmm.wait_until_ready(tip, metadata_timeout_s)

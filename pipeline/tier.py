@@ -11,7 +11,9 @@ A pass (KIP-405's RLM leader task, run as a Spark job):
    offset is ever copied.
 2. Clean leftovers of earlier passes: every COPY_SEGMENT_STARTED segment of a planned
    partition is an orphan, since no copy runs now (`pipeline.commit.clean_orphans`). A
-   partition whose cleanup fails (its store fails) copies nothing in this pass.
+   partition with something to copy has them cleaned by its commit (step 4), after the
+   copy, so that with the store down its summary names the failed upload first, and the
+   failed cleanup after it.
 3. Copy in Spark (`pipeline.copy`): one task per partition with a non-empty range, in
    parallel across executors. A task cuts segments of `segment.bytes` (or older than
    `segment.ms`) from raw fetched batches, adds each as COPY_SEGMENT_STARTED under a fresh
@@ -85,6 +87,7 @@ from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_setting
 
 from .commit import CommitResult, clean_orphans, commit_partition
 from .copy import CopyResult, copy_task, metadata_manager
+from .dry_run import dry_pass
 from .failures import log_failure, one_line
 from .metrics import PipelineMetrics
 from .plan import PartitionPlan, plan_pass
@@ -149,6 +152,9 @@ class PassReport:
     disabled: RemoteStorageDisableResult = field(default_factory=RemoteStorageDisableResult)
     remote_logs: dict[str, RemoteLogStats] = field(default_factory=dict)  # by partition, after the pass
     error: str | None = None  # the pass stopped early: the cluster, the store or the metadata failed
+    # (topic, partition): error, for partitions left out of the pass (their leader did not answer)
+    unplanned: dict[tuple[str, int], str] = field(default_factory=dict)
+    dry_run: bool = False  # what a pass would do (`pipeline.dry_run`); nothing was changed
 
     @property
     def segments(self) -> int:
@@ -169,6 +175,7 @@ class PassReport:
     @property
     def errors(self) -> list[str]:
         errors = [f"pass: {self.error}"] if self.error else []
+        errors += [f"{topic}-{partition}: not planned: {error}" for (topic, partition), error in self.unplanned.items()]
         errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
         failures = getattr(self.retention, "failures", None) or []
         errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
@@ -268,25 +275,32 @@ def _retention_step():
     return run_retention
 
 
-async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool) -> None:
+async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool,
+                dry_run: bool = False) -> None:
     """Fills `report` as it goes, so that what was done is reported when a step fails."""
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm:
-        plans = await plan_pass(config, cluster, rlmm)
+        plans = await plan_pass(config, cluster, rlmm, unplanned=report.unplanned)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())
+        if dry_run:
+            await dry_pass(config, cluster, rlmm, rsm, report, plans, retention=retention)
+            return
+        # A partition with something to copy has its orphans cleaned by its commit, after
+        # the copy: with the store down, what its summary names first is the failed upload.
         for p in plans:
+            if not p.empty:
+                continue
             summary = summaries[(p.topic, p.partition)]
             try:
                 summary.cleaned += len(await clean_orphans(rlmm, rsm, p.topic_id_partition, p.leader_epoch))
             except (RemoteStorageError, RemoteLogMetadataError) as e:
-                # The orphans stay (never served) for the next pass; this partition copies
-                # nothing now, as its store just failed.
+                # The orphans stay (never served) for the next pass.
                 error = log_failure(log, logging.ERROR, f"{summary.name}: orphan cleanup", e)
                 summary.error = f"orphan cleanup failed: {error}"
                 summary.cleanup_failed, summary.copy_lag = True, None
 
-        to_copy = [p for p in plans if not p.empty and summaries[(p.topic, p.partition)].error is None]
+        to_copy = [p for p in plans if not p.empty]
         if to_copy:
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
@@ -327,24 +341,28 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
     summary.bytes = commit.bytes_committed
     summary.pending_bytes = result.pending_bytes
     summary.cleaned += len(commit.cleaned)
-    summary.error = error or commit.error
+    # The copy's own failure first; the commit's (its orphan cleanup, say) after it.
+    summary.error = "; ".join(e for e in (error and f"copy failed: {error}", commit.error) if e) or None
     summary.uploaded = len(result.segments)
+    summary.cleanup_failed = commit.cleanup_failed
     summary.copy_failed = summary.error is not None
     summary.copy_lag = None if error else (result.bytes_copied, len(result.segments))
 
 
 def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
-             summary: bool = True, output: TextIO | None = None, as_json: bool = False) -> PassReport:
+             summary: bool = True, output: TextIO | None = None, as_json: bool = False,
+             dry_run: bool = False) -> PassReport:
     """One pass under the pipeline's lock. Progress goes to `stream` (stderr), the summary
     to `output` (stdout): a table, or with `as_json` one JSON document on one line. A
     failure of the cluster, the store or the metadata ends the pass with its report
-    (`error` set), never an exception; only PipelineBusy is raised."""
+    (`error` set), never an exception; only PipelineBusy is raised. With `dry_run` the
+    report says what a pass would do, and nothing is changed (nor the lock taken)."""
     stream = stream if stream is not None else sys.stderr
-    report = PassReport()
+    report = PassReport(dry_run=dry_run)
     started = time.monotonic()
-    with pipeline_lock(config):
+    with contextlib.nullcontext() if dry_run else pipeline_lock(config):
         try:
-            asyncio.run(_pass(config, spark, stream, report, retention=retention))
+            asyncio.run(_pass(config, spark, stream, report, retention=retention, dry_run=dry_run))
         except Exception as e:
             report.error = log_failure(log, logging.ERROR, "tiering pass", e)
     report.seconds = time.monotonic() - started
@@ -386,6 +404,8 @@ def format_summary(report: PassReport) -> str:
                      + ", ".join(f"{r.topic_id_partition} ({r.segments} segments)" for r in report.disabled.removed))
     for error in report.errors:
         lines.append(f"ERROR {error}")
+    if report.dry_run:
+        lines.append("dry run: what a pass would copy, trim to and expire; nothing was changed")
     return "\n".join(lines)
 
 
@@ -406,7 +426,7 @@ def summary_json(report: PassReport) -> dict[str, Any]:
         })
     removed = getattr(report.retention, "removed", None) or []
     return {
-        "ok": report.ok, "seconds": round(report.seconds, 3), "copy_seconds": round(report.copy_seconds, 3),
+        "ok": report.ok, "dry_run": report.dry_run, "seconds": round(report.seconds, 3), "copy_seconds": round(report.copy_seconds, 3),
         "segments": report.segments, "bytes": report.bytes, "partitions": partitions,
         "removed_partitions": [str(r.topic_id_partition) for r in removed],
         "remote_storage_disabled": [str(r.topic_id_partition) for r in report.disabled.removed],

@@ -150,6 +150,8 @@ def _add_tier(commands) -> None:
     tier.add_argument("--every", nargs="?", const="", default=None, metavar="INTERVAL",
                       help="repeat every INTERVAL (30s, 5m, 1h, or ms); without a value "
                            "remote.log.manager.task.interval.ms")
+    tier.add_argument("--dry-run", action="store_true",
+                      help="print what one pass would copy, trim and expire, and change nothing")
     tier.set_defaults(run=_lazy("tierproxy.tier", extra="pipeline"))
 
 

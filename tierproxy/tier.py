@@ -6,6 +6,9 @@ table, or one JSON document per line with `--json`); progress and log lines to s
 A failure of the cluster, the object store or the metadata is one line in the summary
 and the log, never a traceback.
 
+With `--dry-run`, one pass's summary says what it would copy, trim and expire, and
+nothing is changed (`pipeline.dry_run`).
+
 Exit status: 0 when the (last) pass succeeded, 1 when it failed or reported errors,
 2 for a configuration error.
 """
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     interval_ms = None
     try:
         config = load(args.config, args.override)
+        if args.every is not None and args.dry_run:
+            raise ConfigError("--dry-run shows one pass: it does not go with --every")
         if args.every is not None:
             interval_ms = parse_interval_ms(args.every) if args.every else config[REMOTE_LOG_MANAGER_TASK_INTERVAL_MS]
         # Certificate files, credentials and the login itself are checked before Spark starts.
@@ -79,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if interval_ms is not None:
             return 1 if run_every(config, spark, interval_ms, as_json=args.json, metrics=metrics) else 0
         try:
-            return 0 if run_pass(config, spark, as_json=args.json).ok else 1
+            return 0 if run_pass(config, spark, as_json=args.json, dry_run=args.dry_run).ok else 1
         except (PipelineBusy, OSError) as e:
             # Another pipeline holds the lock, or the lock file cannot be made: one line.
             print(f"tierproxy tier: {e}", file=sys.stderr)

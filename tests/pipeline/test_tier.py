@@ -10,10 +10,13 @@ import re
 from aiokafka import AIOKafkaProducer
 
 from tierproxy.pipeline.tier import format_summary, run_pass, summary_json
+from tierproxy.client.cluster import Cluster
 from tierproxy.config import parse
+from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.storage.model import RemoteLogSegmentState
 from tests.helpers.pipeline import (
     BROKER_SEGMENT_BYTES,
+    SEGMENT_BYTES,
     aborted_transactions,
     all_segments,
     assert_clean,
@@ -151,3 +154,41 @@ def test_one_pass_at_a_time_and_the_loop_retries_a_failed_pass(tmp_path, kafka_c
                        extra={"remote.log.manager.task.retry.backoff.ms": 1,
                               "remote.log.manager.task.retry.backoff.max.ms": 5})
     assert run_every(down, None, 10, max_passes=3, stop=threading.Event()) == 3
+
+
+async def log_start_offsets(bootstrap: str, name: str, partitions: int) -> list[int]:
+    async with Cluster([bootstrap]) as cluster:
+        topics = await cluster.topics([name])
+        tps = [(name, p) for p in range(partitions)]
+        return [o.offset for o in (await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)).values()]
+
+
+def _files(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+async def test_a_dry_run_changes_nothing_and_says_what_the_next_pass_does(spark, kafka_cluster, topic, tmp_path):
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=2, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES})
+    await produce_codecs(bootstrap, name, 2, 2_000)
+    # The first pass leaves something remote; with more data, the dry run has segments to
+    # copy after it, a trim (local.retention.ms=0) and an expiry (retention.bytes).
+    config = tier_config(tmp_path, bootstrap, name,
+                         topic_settings={"local.retention.ms": 0, "retention.bytes": SEGMENT_BYTES})
+    assert_clean(await asyncio.to_thread(run_pass, config, spark))
+    await produce_codecs(bootstrap, name, 2, 2_000)
+    before = (await log_start_offsets(bootstrap, name, 2), _files(tmp_path / "remote"), _files(tmp_path / "metadata"))
+
+    dry = await asyncio.to_thread(run_pass, config, spark, dry_run=True)
+    assert_clean(dry)
+    assert before == (await log_start_offsets(bootstrap, name, 2), _files(tmp_path / "remote"),
+                      _files(tmp_path / "metadata"))
+    said = summary_json(dry)
+    assert said["dry_run"] and "nothing was changed" in format_summary(dry)
+
+    done = summary_json(await asyncio.to_thread(run_pass, config, spark))
+    assert done["ok"] and not done["dry_run"]
+    keys = ("topic", "partition", "copied_range", "segments", "bytes", "trimmed_to", "expired_segments")
+    expected = [{k: p[k] for k in keys} for p in said["partitions"]]
+    assert [{k: p[k] for k in keys} for p in done["partitions"]] == expected
+    assert all(p["segments"] and p["trimmed_to"] and p["expired_segments"] for p in expected), said["partitions"]

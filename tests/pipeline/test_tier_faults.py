@@ -10,6 +10,7 @@ ENOTDIR, as a read-only store fails with EROFS), and an S3 endpoint nobody liste
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -126,3 +127,28 @@ async def test_an_unreachable_s3_endpoint_during_orphan_cleanup_is_one_line(kafk
     async with metadata_manager(parse(properties)) as rlmm:
         assert all(rlmm.list_segments(tp) == [] for tp in tps)
 
+
+
+async def test_with_the_store_down_each_pass_names_the_failed_upload_first(spark, kafka_cluster, topic, s3_server,
+                                                                          tmp_path):
+    from tierproxy.pipeline.tier import run_pass
+    from tests.helpers.pipeline import tier_config
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=1)
+    await produce_codecs(bootstrap, name, 1, 50)
+    # segment.ms=1: the data is due for upload; the store's endpoint has nobody listening.
+    config = tier_config(tmp_path, bootstrap, name, s3=s3_server, key_prefix=f"down-{name}",
+                         topic_settings={"segment.ms": 1},
+                         extra={"remote.log.storage.s3.endpoint.url": f"http://127.0.0.1:{free_port()}",
+                                "remote.log.storage.s3.max.attempts": "1"})
+    # The second pass finds the first one's failed attempts as orphans; its error still
+    # begins with the upload, the orphan cleanup after it.
+    for _ in range(2):
+        report = await asyncio.to_thread(run_pass, config, spark)
+        (summary,) = report.partitions
+        assert summary.error.startswith("copy failed: RemoteStorageError: upload of the segment at offset 0 "), \
+            summary.error
+        assert "Could not connect to the endpoint URL" in summary.error
+        assert summary.error.index("orphan cleanup failed") > summary.error.index("upload of the segment")
+        assert summary.segments == 0
