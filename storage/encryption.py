@@ -36,12 +36,12 @@ import struct
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from tierproxy.config import REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
+from tierproxy.config import Settings, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
     REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED, ConfigError, key_files
 
 from .errors import CorruptRemoteSegment, DecryptionFailed, EncryptionKeyNotFound, UnencryptedSegment, WrongEncryptionKey
@@ -123,7 +123,7 @@ class KeyRing:
         self.required = required
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | Any) -> KeyRing:
+    def from_config(cls, config: Settings) -> KeyRing:
         """The configuration's keys, each read from its file now (empty when it lists none)."""
         try:
             files = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
