@@ -125,7 +125,7 @@ class Response:
     def payload(self) -> Buffer:
         """The payload as one buffer (joined only when it is in several parts)."""
         parts = self.parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @property
     def body(self) -> Any:
