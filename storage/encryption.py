@@ -34,7 +34,7 @@ import binascii
 import os
 import struct
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -246,7 +246,7 @@ class ObjectCipher:
         return start // self.chunk_bytes * step, min(self.stored_size, (last // self.chunk_bytes + 1) * step)
 
     async def open_range(self, stored: AsyncIterator[bytes | memoryview], start: int, last: int,
-                         where: str, into: memoryview | None = None) -> AsyncIterator[bytes | memoryview]:
+                         where: str, into: memoryview | None = None) -> AsyncGenerator[bytes | memoryview, None]:
         """Content bytes [start, last] from the stored bytes of `stored_range(start, last)`, in
         pieces as they come; each chunk's tag is checked before any of it is passed on. A
         chunk that lies whole inside a piece is opened where it lies; one split between

@@ -35,7 +35,7 @@ import asyncio
 import base64
 import enum
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -127,7 +127,7 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         """Stream `.log` bytes [start_position, end_position], both inclusive, in chunks.
 
         Errors surface on the first iteration. A caller that stops early should
@@ -236,7 +236,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     @abc.abstractmethod
     def _open_range(
         self, key: str, first: int, last: int, into: memoryview | None = None
-    ) -> AbstractAsyncContextManager[tuple[int, AsyncIterator[bytes | memoryview]]]:
+    ) -> AbstractAsyncContextManager[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         """Open bytes [first, last] of an object (inclusive, last < its size).
 
         Yields the object's total size and an iterator over the range's chunks;
@@ -314,7 +314,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         if start_position < 0:
             raise ValueError(f"start position {start_position} is negative")
         if end_position is not None and end_position < start_position:
@@ -327,7 +327,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     async def _stream_log(
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None, *, into: memoryview | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         manifest = await self._manifest(metadata)
         entry = _entry(manifest, metadata, ObjectType.LOG)
         size = entry.size
@@ -521,8 +521,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         return crc.entry()
 
 
-async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, entry: ObjectEntry, first: int,
-                           start: int, last: int) -> AsyncIterator[bytes | memoryview]:
+async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry, first: int,
+                           start: int, last: int) -> AsyncGenerator[bytes | memoryview, None]:
     """The bytes [start, last] of a read that began at block boundary `first`, each block
     compared with its CRC-32C in the manifest before any of it is passed on.
 
@@ -582,7 +582,7 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
             pending += view
 
 
-async def _fill(buffer: memoryview, stream: AsyncIterator[bytes | memoryview], metadata: RemoteLogSegmentMetadata,
+async def _fill(buffer: memoryview, stream: AsyncGenerator[bytes | memoryview, None], metadata: RemoteLogSegmentMetadata,
                 start: int) -> None:
     """`buffer` filled from `stream`; corrupt data raises CorruptRangeRead telling how much
     of the buffer was filled, checked, before it."""

@@ -21,7 +21,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -287,7 +287,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int,
-                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncGenerator[bytes, None]]]:
         where = self._where(key)
         try:
             response = await self._call(
@@ -311,7 +311,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         finally:
             body.close()
 
-    async def _body_chunks(self, body: Any, where: str) -> AsyncIterator[bytes]:
+    async def _body_chunks(self, body: Any, where: str) -> AsyncGenerator[bytes, None]:
         while True:
             try:
                 chunk = await body.read(self.chunk_bytes)
@@ -413,7 +413,7 @@ def _recorded_crc32c(response: dict[str, Any]) -> int | None:
     return int.from_bytes(raw, "big") if len(raw) == 4 else None
 
 
-async def _no_chunks() -> AsyncIterator[bytes]:
+async def _no_chunks() -> AsyncGenerator[bytes, None]:
     return
     yield
 

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard
 
 from aiokafka.errors import KafkaError
 
@@ -229,7 +229,7 @@ async def _segments_found(rsm: RemoteStorageManager, segments: list[RemoteLogSeg
     return found
 
 
-def _object_damage(result: object) -> bool:
+def _object_damage(result: object) -> TypeGuard[SegmentDamage]:
     return isinstance(result, SegmentDamage) and result.key is not None
 
 
@@ -291,8 +291,8 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         rlmm = await _metadata_manager(config, stack, cluster)
         ids = {tp: TopicIdPartition(topics[tp[0]].topic_id, *tp) for tp in tps}
         if rlmm is not None:
-            for tp in ids.values():
-                await rlmm.wait_until_ready(tp, timeout)
+            for tid in ids.values():
+                await rlmm.wait_until_ready(tid, timeout)
         remote = {tp: (rlmm.log_start_offset(ids[tp]), rlmm.log_end_offset(ids[tp])) if rlmm else (None, None)
                   for tp in tps}
         finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}

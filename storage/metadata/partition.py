@@ -103,7 +103,7 @@ class PartitionState:
 
     def find(self, segment_id: uuid.UUID) -> int | None:
         """The row of a segment not DELETE_SEGMENT_FINISHED, or None."""
-        key = segment_id.bytes
+        key: bytes | bytearray = segment_id.bytes
         # The newest row first: a segment's updates mostly follow its COPY_SEGMENT_STARTED.
         newest = len(self.rows) - ROW_SIZE
         if newest >= 0 and self.rows[newest:newest + 16] == key and self.rows[newest + _STATE_AT] != _FORGOTTEN:
@@ -182,7 +182,8 @@ class PartitionState:
         """A segment whose id is not in the table."""
         row = len(self.rows) // ROW_SIZE
         self.rows += self._pack(m)
-        self.by_id.insert(bisect.bisect_left(self.by_id, m.segment_id.id.bytes, key=self._id_of), row)
+        key: bytes | bytearray = m.segment_id.id.bytes
+        self.by_id.insert(bisect.bisect_left(self.by_id, key, key=self._id_of), row)
         order, reach = self._order, self._reach
         if order is not None and reach is not None and (
                 not order or self.offsets(order[-1]) <= (m.start_offset, m.end_offset)):
