@@ -33,6 +33,7 @@ the whole batches they hold.
 from __future__ import annotations
 
 import collections
+import functools
 import uuid
 
 from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment
@@ -184,8 +185,8 @@ class ChunkCache:
             if not self._reserve(size):
                 return  # no room without dropping demand: read-ahead yields
             self._prefetching[segment_id] += 1
-            task = self._flight.start(key, lambda i=i, size=size: self._load(segment, i, reserved=size))
-            task.add_done_callback(lambda _t, s=segment_id: self._prefetch_done(s))
+            task = self._flight.start(key, functools.partial(self._load, segment, i, reserved=size))
+            task.add_done_callback(lambda _t: self._prefetch_done(segment_id))
             self._metrics.prefetched()
 
     def _prefetch_done(self, segment_id: uuid.UUID) -> None:

@@ -228,7 +228,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
-        parts = []
+        parts: list[dict[str, Any]] = []
         try:
             try:
                 while part := await asyncio.to_thread(source.take):
@@ -240,7 +240,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     response = await self._call(
                         "upload_part",
                         f"upload part {number} of {where}",
-                        lambda s3, part=part, number=number, part_crc=part_crc: s3.upload_part(
+                        lambda s3: s3.upload_part(  # awaited before the loop moves on
                             Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part,
                             ChecksumAlgorithm="CRC32C", ChecksumCRC32C=part_crc,
                         ),
@@ -350,7 +350,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             response = await self._call(
                 "delete",
                 what,
-                lambda s3, batch=batch: s3.delete_objects(
+                lambda s3: s3.delete_objects(  # awaited before the loop moves on
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 ),
             )
@@ -372,7 +372,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             page = await self._call(
                 "list",
                 f"list s3://{self.bucket}/{key_prefix}",
-                lambda s3, extra=extra: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
+                lambda s3: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
             )
             keys.extend(item["Key"] for item in page.get("Contents", ()))
             if not page.get("IsTruncated"):
