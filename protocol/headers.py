@@ -159,7 +159,7 @@ def encode_response_header(correlation_id: int, header_version: int) -> bytes:
     return header + _NO_TAGGED_FIELDS if header_version == 1 else header
 
 
-def parse_response_header(body: Buffer, header_version: int) -> tuple[int, int]:
+def parse_response_header(body: Buffer, header_version: int | None) -> tuple[int, int]:
     """(correlation id, payload offset) of a response frame body."""
     view = memoryview(body).cast("B")
     if len(view) < _INT32.size:
