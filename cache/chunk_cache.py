@@ -238,13 +238,13 @@ class ChunkCache:
         else:
             if self._reserved_bytes + size > self.max_bytes:
                 self._publish_size()
-                self._buffers.retire(data.obj)  # type: ignore[arg-type]
+                self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
                 return  # cannot fit beside the prefetches in flight: served, not kept
             while self.total_bytes + size > self.max_bytes:
                 self._evict_oldest(self._prefetched if self._prefetched else self._read)
         if self.total_bytes + size > self.max_bytes:
             self._publish_size()
-            self._buffers.retire(data.obj)  # type: ignore[arg-type]
+            self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
             return
         if prefetched:
             self._prefetched[key] = data
@@ -265,7 +265,7 @@ class ChunkCache:
             self._read_bytes -= len(data)
         else:
             self._prefetched_bytes -= len(data)
-        self._buffers.retire(data.obj)  # type: ignore[arg-type]
+        self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
 
     def _publish_size(self) -> None:
         self._metrics.size(self.total_bytes, len(self))

@@ -177,13 +177,19 @@ class RemoteIndexCache:
         return key in self._entries
 
     async def offset_index(self, segment: RemoteLogSegmentMetadata) -> OffsetIndex:
-        return await self.get(segment, IndexType.OFFSET)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.OFFSET)
+        assert isinstance(index, OffsetIndex)
+        return index
 
     async def time_index(self, segment: RemoteLogSegmentMetadata) -> TimeIndex:
-        return await self.get(segment, IndexType.TIMESTAMP)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.TIMESTAMP)
+        assert isinstance(index, TimeIndex)
+        return index
 
     async def transaction_index(self, segment: RemoteLogSegmentMetadata) -> TransactionIndex:
-        return await self.get(segment, IndexType.TRANSACTION)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.TRANSACTION)
+        assert isinstance(index, TransactionIndex)
+        return index
 
     async def get(self, segment: RemoteLogSegmentMetadata, index_type: IndexType) -> Index:
         """The parsed index; errors are the storage's (CorruptRemoteSegment for a bad file)."""

@@ -80,7 +80,7 @@ class CopyResult:
     error: str | None = None  # set when the last allowed attempt failed: nothing to commit
 
     def metadata(self) -> list[RemoteLogSegmentMetadata]:
-        return [deserialize(s) for s in self.segments]  # type: ignore[misc]
+        return [deserialize(s) for s in self.segments]  # type: ignore[misc]  # segments holds only these
 
 
 def metadata_manager(

@@ -88,7 +88,7 @@ def read_unsigned_varint(buffer: Buffer, pos: int, end: int) -> tuple[int, int]:
     while True:
         if pos >= end:
             raise DecodeError("truncated varint")
-        byte = buffer[pos]  # type: ignore[index]
+        byte = buffer[pos]  # type: ignore[index]  # a byte buffer (bytes, bytearray, a "B" view)
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:

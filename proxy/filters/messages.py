@@ -142,7 +142,7 @@ class Response:
         if old is None:
             raise ValueError("the payload's tagged-field section is not known")
         parts = list(self.parts)
-        cut = len(old)  # type: ignore[arg-type]
+        cut = memoryview(old).nbytes
         while cut:
             last = memoryview(parts.pop()).cast("B")
             if len(last) > cut:

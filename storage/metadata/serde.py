@@ -253,7 +253,7 @@ class _Reader:
             raise MetadataDecodeError("tagged field runs past the end of the record")
         self.pos += size
 
-    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], object]] = _NO_TAGS) -> Mapping[int, object]:
+    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], int]] = _NO_TAGS) -> Mapping[int, int]:
         """Reads a tagged-field section: the values of the known tags present; unknown ones skipped."""
         count = self.uvarint()
         if not count:
@@ -343,7 +343,7 @@ def _read_segment(rd: _Reader, version: int) -> RemoteLogSegmentMetadata:
         start_offset=start_offset,
         end_offset=end_offset,
         max_timestamp_ms=max_timestamp_ms,
-        leader_epoch=int(tags.get(1, broker_id)),  # type: ignore[call-overload]
+        leader_epoch=int(tags.get(1, broker_id)),
         event_timestamp_ms=event_timestamp_ms,
         # Kafka keeps them in a map; the order on the wire is not a promise.
         segment_leader_epochs=tuple(sorted(epochs.items())),
@@ -363,7 +363,7 @@ def _read_update(rd: _Reader, version: int) -> RemoteLogSegmentMetadataUpdate:
         segment_id=segment_id,
         event_timestamp_ms=event_timestamp_ms,
         state=state,
-        leader_epoch=epoch if epoch != -1 else broker_id,  # type: ignore[arg-type]
+        leader_epoch=epoch if epoch != -1 else broker_id,
     )
 
 
@@ -376,7 +376,7 @@ def _read_partition_delete(rd: _Reader, version: int) -> RemotePartitionDeleteMe
     except ValueError:
         raise MetadataDecodeError(f"unknown remote partition delete state id {value}") from None
     epoch = rd.tagged_fields(_EPOCH_END_TAGS[version]).get(0, broker_id)
-    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, epoch)  # type: ignore[arg-type]
+    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, epoch)
 
 
 def _read_truncation(rd: _Reader, version: int) -> RemoteLogTruncation:
