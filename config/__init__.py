@@ -42,6 +42,8 @@ class _Required(enum.Enum):
     def __repr__(self) -> str:
         return "(required)"
 
+    __str__ = __repr__
+
 
 REQUIRED: Final = _Required.REQUIRED
 
