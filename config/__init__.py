@@ -347,11 +347,18 @@ REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED = _define("remote.log.storage.encryption.
 
 # Remote log metadata
 REMOTE_LOG_METADATA_BACKEND = _define("remote.log.metadata.backend", str, "file",
-        "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata.",
-        "remote log metadata", validator=OneOf(("file", "topic")))
+        "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata; "
+        "or, read-only, `remote`: what the tiering pipeline publishes into the remote store "
+        "(`<prefix>/__remote_log_metadata/`) after each pass, for a proxy with only the store's "
+        "credentials (a read replica) or a fast first start.",
+        "remote log metadata", validator=OneOf(("file", "topic", "remote")))
 REMOTE_LOG_METADATA_DIR = _define("remote.log.metadata.dir", Path, Path("tierproxy-data/metadata"),
         "Directory of the file backend, and of the topic backend's materialized flat files.",
         "remote log metadata")
+REMOTE_LOG_REPLICA_REFRESH_INTERVAL_MS = _define("remote.log.replica.refresh.interval.ms", int, 5_000,
+        "With remote.log.metadata.backend=remote, how often the metadata published into the remote store "
+        "is read again (one GET of its head when nothing changed): new remote segments are served at "
+        "most this much later.", "remote log metadata", validator=Range(1))
 REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS = _define("remote.log.metadata.topic.num.partitions", int, 50,
         "Partitions of __remote_log_metadata when it is created.", "remote log metadata", validator=Range(1))
 REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR = _define("remote.log.metadata.topic.replication.factor", int, -1,

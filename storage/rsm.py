@@ -446,6 +446,22 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         await self._delete([k for k in keys if k.endswith(manifest_suffix)])
         await self._delete([k for k in keys if not k.endswith(manifest_suffix)])
 
+    # -- whole objects beside the segments (the remote log metadata, metadata/bucket.py) --
+
+    async def put_object(self, key: str, data: bytes) -> None:
+        """Stores `data` under `key` (a whole key, the prefix included), replacing it whole."""
+        await self._put_bytes(key, data)
+
+    async def get_object(self, key: str) -> bytes:
+        """The object `key`; RemoteResourceNotFound when there is none."""
+        return await self._get_bytes(key)
+
+    async def list_objects(self, key_prefix: str) -> list[str]:
+        return sorted(await self._list(key_prefix))
+
+    async def delete_objects(self, keys: Iterable[str]) -> None:
+        await self._delete(list(keys))
+
     # -- helpers ----------------------------------------------------------------
 
     def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
