@@ -165,6 +165,9 @@ async def publishing_metadata(rlmm: RemoteLogMetadataManager, rsm: ObjectStoreRe
         if not skip:
             try:
                 await rlmm.refresh()
-                await publish(rsm, rlmm.partition_states())
-            except (RemoteStorageError, RemoteLogMetadataError) as e:
+                published = await publish(rsm, rlmm.partition_states())
+                log.info("remote log metadata generation %d published: %d partition(s) changed%s",
+                         published.generation, published.partitions_changed,
+                         ", a new snapshot" if published.compacted else "")
+            except Exception as e:  # noqa: BLE001 - told as the pass's failure, never hiding the pass's own
                 failed(log_failure(log, logging.ERROR, "publishing the remote log metadata into the remote store", e))
