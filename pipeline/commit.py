@@ -35,7 +35,7 @@ from tierproxy.storage.model import (
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from tierproxy.storage.rsm import ObjectStoreRemoteStorageManager, RemoteStorageManager
+from tierproxy.storage.rsm import RemoteStorageManager
 
 from .failures import log_failure
 from .plan import PartitionPlan
@@ -153,7 +153,7 @@ def _check_continuity(remote_end: int | None, m: RemoteLogSegmentMetadata, *, fi
 
 
 @contextlib.asynccontextmanager
-async def publishing_metadata(rlmm: RemoteLogMetadataManager, rsm: ObjectStoreRemoteStorageManager,
+async def publishing_metadata(rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager,
                               failed: Callable[[str], None], *, skip: bool = False) -> AsyncIterator[None]:
     """Around a pass: on the way out, however it went, publishes what the metadata store
     holds then (tasks' writes included) into the remote store, for readers with only its

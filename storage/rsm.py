@@ -182,6 +182,29 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    # Whole objects beside the segments, named below the store's key prefix (the remote log
+    # metadata that storage/metadata/bucket.py publishes and reads). A store of segments only
+    # keeps none.
+
+    async def put_object(self, name: str, data: bytes) -> None:
+        """Stores `data` as the object `name`, replacing it whole."""
+        raise self._no_objects()
+
+    async def get_object(self, name: str) -> bytes:
+        """The object `name`; RemoteResourceNotFound when there is none."""
+        raise self._no_objects()
+
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        """Names of the objects starting with `name_prefix`, sorted."""
+        raise self._no_objects()
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        """Removes the objects; missing ones are not an error."""
+        raise self._no_objects()
+
+    def _no_objects(self) -> RemoteStorageError:
+        return RemoteStorageError(f"{type(self).__name__} keeps no objects but segments", retriable=False)
+
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         """Report each request this manager sends to its store to `observer`, as
         (operation, seconds, succeeded). A manager without requests of its own to
@@ -448,19 +471,22 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     # -- whole objects beside the segments (the remote log metadata, metadata/bucket.py) --
 
-    async def put_object(self, key: str, data: bytes) -> None:
-        """Stores `data` under `key` (a whole key, the prefix included), replacing it whole."""
-        await self._put_bytes(key, data)
+    def _object_key(self, name: str) -> str:
+        head = self.prefix.strip("/")
+        return f"{head}/{name}" if head else name
 
-    async def get_object(self, key: str) -> bytes:
-        """The object `key`; RemoteResourceNotFound when there is none."""
-        return await self._get_bytes(key)
+    async def put_object(self, name: str, data: bytes) -> None:
+        await self._put_bytes(self._object_key(name), data)
 
-    async def list_objects(self, key_prefix: str) -> list[str]:
-        return sorted(await self._list(key_prefix))
+    async def get_object(self, name: str) -> bytes:
+        return await self._get_bytes(self._object_key(name))
 
-    async def delete_objects(self, keys: Iterable[str]) -> None:
-        await self._delete(list(keys))
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        cut = len(self._object_key(name_prefix)) - len(name_prefix)
+        return sorted(key[cut:] for key in await self._list(self._object_key(name_prefix)))
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        await self._delete([self._object_key(name) for name in names])
 
     # -- helpers ----------------------------------------------------------------
 

@@ -51,7 +51,7 @@ from .serde import MetadataDecodeError, RemoteLogMetadata
 from .snapshot import encode_partition, read_snapshot_partitions
 
 if TYPE_CHECKING:
-    from ..rsm import ObjectStoreRemoteStorageManager
+    from ..rsm import RemoteStorageManager
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,6 @@ MAX_CHANGE_OBJECTS = 16
 FETCH_CONCURRENCY = 16
 # Heads read again when an object one named was removed meanwhile (two compactions).
 _HEAD_ATTEMPTS = 3
-
-
-def metadata_key(prefix: str, name: str = "") -> str:
-    head = prefix.strip("/")
-    return f"{head}/{FOLDER}/{name}" if head else f"{FOLDER}/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +112,13 @@ class Head:
 class BucketMetadata:
     """The metadata folder of one store: reads and writes whole objects, checked against the head."""
 
-    def __init__(self, rsm: ObjectStoreRemoteStorageManager) -> None:
+    def __init__(self, rsm: RemoteStorageManager) -> None:
         self.rsm = rsm
 
-    def key(self, name: str) -> str:
-        return metadata_key(self.rsm.prefix, name)
+    @staticmethod
+    def key(name: str) -> str:
+        """The object's name below the store's key prefix."""
+        return f"{FOLDER}/{name}"
 
     async def head(self) -> Head | None:
         try:
@@ -197,7 +194,7 @@ class Publication:
     compacted: bool
 
 
-async def publish(rsm: ObjectStoreRemoteStorageManager, states: Iterable[PartitionState],
+async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
                   *, now_ms: int | None = None,
                   snapshot_object_bytes: int = SNAPSHOT_OBJECT_BYTES) -> Publication:
     """Publishes `states` (every partition of the metadata store, read after its commits)
@@ -210,11 +207,12 @@ async def publish(rsm: ObjectStoreRemoteStorageManager, states: Iterable[Partiti
     sections = {p.tp: encode_partition(p) for p in states}
     crcs = {tp: _section_crc(s) for tp, s in sections.items()}
     changed = [s for tp, s in sections.items() if published.get((tp.topic_id.bytes, tp.partition)) != crcs[tp]]
-    generation = (head.generation if head else 0) + 1
-    changes = head.objects[head.snapshot_objects:] if head else ()
-    snapshot_bytes = sum(o.size for o in head.objects[:head.snapshot_objects]) if head else 0
+    generation, objects, snapshot_objects = (head.generation + 1, head.objects, head.snapshot_objects) if head \
+        else (1, (), 0)
+    changes = objects[snapshot_objects:]
+    snapshot_bytes = sum(o.size for o in objects[:snapshot_objects])
     change_bytes = sum(o.size for o in changes) + sum(map(len, changed))
-    compact = head is None or (changed and (
+    compact = head is None or (bool(changed) and (
         len(changes) + 1 > MAX_CHANGE_OBJECTS or change_bytes > max(snapshot_bytes, snapshot_object_bytes)))
     written: list[StoredObject] = []
     if compact:
@@ -224,9 +222,7 @@ async def publish(rsm: ObjectStoreRemoteStorageManager, states: Iterable[Partiti
         objects, snapshot_objects = tuple(written), len(written)
     elif changed:
         written = [await bucket.write(f"{generation:020d}-0.sections", encode_sections(changed))]
-        objects, snapshot_objects = head.objects + tuple(written), head.snapshot_objects
-    else:
-        objects, snapshot_objects = head.objects, head.snapshot_objects
+        objects += tuple(written)
     if head is not None and not changed:
         index = head.index
     else:
@@ -237,7 +233,7 @@ async def publish(rsm: ObjectStoreRemoteStorageManager, states: Iterable[Partiti
     await rsm.put_object(bucket.key(HEAD), new_head.encode())  # last: the publication is whole now
     if compact and head is not None:
         await _remove_unnamed(bucket, (head, new_head))
-    return Publication(generation, len(changed), len(written), bool(compact))
+    return Publication(generation, len(changed), len(written), compact)
 
 
 async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None:
@@ -245,8 +241,8 @@ async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None
     named = {HEAD} | {o.name for h in heads for o in (*h.objects, *([h.index] if h.index else []))}
     folder = bucket.key("")
     try:
-        keys = await bucket.rsm.list_objects(folder)
-        await bucket.rsm.delete_objects(k for k in keys if k.removeprefix(folder) not in named)
+        names = await bucket.rsm.list_objects(folder)
+        await bucket.rsm.delete_objects(n for n in names if n.removeprefix(folder) not in named)
     except Exception as exc:  # noqa: BLE001 - unreferenced objects cost only space
         log.warning("removing old remote log metadata objects under %s failed: %s", folder, exc)
 
@@ -258,7 +254,7 @@ class BucketRemoteLogMetadataManager(RemoteLogMetadataManager):
     """`remote.log.metadata.backend=remote`: the metadata the pipeline published into the
     store, read-only, followed every `refresh_interval_ms` (and on `refresh()`)."""
 
-    def __init__(self, rsm: ObjectStoreRemoteStorageManager, *, refresh_interval_ms: int = 5000,
+    def __init__(self, rsm: RemoteStorageManager, *, refresh_interval_ms: int = 5000,
                  partitions: Iterable[TopicIdPartition] | None = None, owns_store: bool = False) -> None:
         super().__init__(partitions)
         self.bucket = BucketMetadata(rsm)

@@ -17,14 +17,13 @@ from tierproxy.storage.metadata.bucket import (
     HEAD,
     MAX_CHANGE_OBJECTS,
     BucketRemoteLogMetadataManager,
-    metadata_key,
     publish,
 )
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.model import (RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState,
                                      RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition)
 from tests.helpers.s3 import manager as s3_manager
-from tests.storage.test_metadata_snapshot import TPS, history, state_of, tier
+from tests.helpers.metadata_history import TPS, history, state_of, tier
 
 S = RemoteLogSegmentState
 D = RemotePartitionDeleteState
@@ -133,10 +132,12 @@ async def test_changes_are_compacted_into_a_new_snapshot_and_old_objects_removed
     assert len(follower.head.objects) - follower.head.snapshot_objects <= MAX_CHANGE_OBJECTS
     assert follower.head.snapshot_objects > 1  # cut into several objects, fetched concurrently
     assert state_of(await reader(rsm)) == state_of(primary)
-    folder = metadata_key(rsm.prefix)
+    folder = f"{FOLDER}/"
     named = {HEAD, follower.head.index.name, *(o.name for o in follower.head.objects)}
     stored = {k.removeprefix(folder) for k in await rsm.list_objects(folder)}
     assert named <= stored and len(stored - named) <= 2 * MAX_CHANGE_OBJECTS  # only the replaced head's
+    if isinstance(rsm, LocalRemoteStorageManager):  # below the store's key prefix, beside the partitions
+        assert (rsm.root / "tiered" / FOLDER / HEAD).is_file()
 
 
 async def test_the_remote_backend_is_read_only_and_keeps_its_scope(rsm, primary):
