@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tierproxy.client.cluster import Cluster
-from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR
+from tierproxy.config import Config, ConfigError, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR
 from tierproxy.config.tables import text_table
 from tierproxy.storage.backoff import ExponentialBackoff
 from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
@@ -283,6 +283,9 @@ def _retention_step():
 async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool,
                 dry_run: bool = False) -> None:
     """Fills `report` as it goes, so that what was done is reported when a step fails."""
+    if config[REMOTE_LOG_METADATA_BACKEND] == "remote":
+        raise ConfigError("remote.log.metadata.backend=remote is read-only: the pipeline keeps the metadata in "
+                          "its `file` or `topic` store and publishes it into the remote store itself")
     # After the pass's last commit, even one that stopped it: the bucket is never ahead of the store.
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
             metadata_manager(config) as rlmm, publishing_metadata(rlmm, rsm, report.publish_failed, skip=dry_run):

@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from tierproxy.pipeline.copy import metadata_manager
+from tierproxy.config import parse
 from tierproxy.pipeline.tier import run_pass
 from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.factory import remote_log_metadata_manager
@@ -73,3 +74,12 @@ async def test_a_pass_publishes_what_it_committed_for_a_reader_with_only_the_sto
         assert await rlmm.refresh() >= 2
         assert remote_view(rlmm, tps) == third
         assert rlmm.published_ms is not None
+
+
+def test_the_pipeline_refuses_the_read_only_remote_backend(tmp_path):
+    config = parse({"bootstrap.servers": "127.0.0.1:1", "remote.log.metadata.backend": "remote",
+                    "remote.log.metadata.dir": str(tmp_path / "metadata"), "remote.log.storage.backend": "local",
+                    "remote.log.storage.local.dir": str(tmp_path / "remote")})
+    report = run_pass(config, None, summary=False)
+    assert report.error and "remote.log.metadata.backend=remote is read-only" in report.error
+    assert not (tmp_path / "remote").exists()
