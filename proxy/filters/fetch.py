@@ -72,6 +72,7 @@ from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
+from .fetch_plan import assemble, first_gets_whole_batch, remote_budget, remote_turn, second_request, takes
 from tierproxy.protocol.fetch_wire import (
     FLEXIBLE_VERSION,
     SESSIONLESS,
@@ -89,7 +90,6 @@ from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 log = logging.getLogger("tierproxy.fetch")
 
 READ_COMMITTED = 1
-_MS = datetime.timedelta(milliseconds=1)
 _NO_WAIT = i32Timedelta.parse(datetime.timedelta(0))
 _NO_TAGGED_FIELDS = b"\x00"
 
@@ -234,11 +234,12 @@ class FetchFilter(Filter):
         """Ask the broker again, waiting what is left of max_wait_ms for the bytes still
         missing; None when no time is left or its answer needs the remote tier after all
         (the first answer then stands: the client simply fetches again)."""
-        left = request.max_wait - datetime.timedelta(seconds=time.monotonic() - started)
-        if left.total_seconds() * 1000 < 1:
+        second = second_request(request.max_wait, datetime.timedelta(seconds=time.monotonic() - started),
+                                request.min_bytes, remote_bytes)
+        if second is None:
             return None
-        waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(left // _MS * _MS),
-                                      min_bytes=i32(max(request.min_bytes - remote_bytes, 1)))
+        max_wait, min_bytes = second
+        waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(max_wait), min_bytes=i32(min_bytes))
         payload = (await call_next(client_request.replaced(waiting))).payload
         scan = scan_fetch_response(payload, request.__version__)
         return None if scan.any_out_of_range else (payload, scan)
@@ -359,20 +360,11 @@ class FetchFilter(Filter):
     async def _read(self, remote: list[_Remote], request: Any, used: int, state: TieredConnectionState) -> int:
         """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
         connection's last Fetch stopped; return the bytes read."""
-        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
-        start = state.remote_rotation % len(remote)
-        chosen: list[_Remote] = []
-        planned = 0
-        for entry in remote[start:] + remote[:start]:
-            if chosen and planned >= budget:
-                break
-            chosen.append(entry)
-            planned += min(entry.request.partition_max_bytes, budget)
-        state.remote_rotation = start + len(chosen)
-        # KIP-74: the first partition gets one whole batch. The broker's partitions come
-        # first in that sense, so local records that fill every response would keep a
-        # remote partition from ever advancing; after one such Fetch it gets its batch.
-        chosen[0].min_one_batch = used == 0 or state.remote_starved
+        budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
+        indexes, state.remote_rotation = remote_turn([e.request.partition_max_bytes for e in remote],
+                                                     state.remote_rotation, budget)
+        chosen = [remote[i] for i in indexes]
+        chosen[0].min_one_batch = first_gets_whole_batch(used, state.remote_starved)
         quota = self.tier.fetch_quota
         throttle = quota.throttle_time()
         if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
@@ -419,7 +411,6 @@ class FetchFilter(Filter):
         """The response in the broker's order (an incremental one names partitions the
         request omitted), or in request order when some partitions skipped the broker:
         broker partitions as slices of its payload, remote ones encoded here."""
-        by_key = {(e.topic_key, e.request.partition): e for e in remote}
         broker = {}
         if scan is not None:
             view = memoryview(payload)
@@ -427,7 +418,7 @@ class FetchFilter(Filter):
                 for partition in partitions:
                     broker[(key, partition.partition_index)] = view[partition.start:partition.end]
         # The remote partitions in the order they were read: the first keeps its one batch.
-        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
+        budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
         for entry in sorted(remote, key=lambda e: not e.min_one_batch):
             entry.answer = await self._remote_partition(entry, request, queries, budget)
             budget -= entry.answer.records_size
@@ -436,19 +427,7 @@ class FetchFilter(Filter):
             order = [(t.topic_id if by_id else t.topic, [p.partition for p in t.partitions]) for t in request.topics]
         else:
             order = [(key, [p.partition_index for p in partitions]) for key, partitions in scan.topics]
-        topics = []
-        for key, indexes in order:
-            partitions: list[Any] = []
-            for index in indexes:
-                entry = by_key.get((key, index))
-                if entry is None:
-                    span = broker.get((key, index))
-                    if span is not None:
-                        partitions.append(span)
-                    continue
-                partitions.append(entry.answer)
-            if partitions:
-                topics.append((key, partitions))
+        topics = assemble(order, {(e.topic_key, e.request.partition): e.answer for e in remote}, broker)
         version = request.__version__
         if scan is None:
             return _fetch_response(version, encode_fetch_response(version, topics))
@@ -478,7 +457,7 @@ class FetchFilter(Filter):
                 if result.offset_out_of_range:
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
-                elif result.records_size and (result.records_size <= budget or entry.min_one_batch):
+                elif takes(result.records_size, budget, entry.min_one_batch):
                     records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:

@@ -1,0 +1,86 @@
+"""The Fetch filter's planning (`proxy.filters.fetch_plan`), without a broker: byte
+budgets, the remote partitions' turns, the second broker request and the merge order."""
+
+from __future__ import annotations
+
+import datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tierproxy.proxy.filters.fetch_plan import (
+    assemble,
+    first_gets_whole_batch,
+    remote_budget,
+    remote_turn,
+    second_request,
+    takes,
+)
+
+MS = datetime.timedelta(milliseconds=1)
+
+sizes = st.lists(st.integers(min_value=0, max_value=1 << 20), min_size=1, max_size=40)
+
+
+def test_the_remote_budget_is_what_the_broker_left_at_most_the_remote_bound():
+    assert remote_budget(1000, 300, 5000) == 700
+    assert remote_budget(1000, 300, 500) == 500
+    assert remote_budget(1000, 1200, 500) == 0  # the broker's records filled the response
+
+
+@given(sizes, st.integers(min_value=0, max_value=1 << 30), st.integers(min_value=0, max_value=1 << 22))
+def test_a_turn_reads_distinct_partitions_from_the_rotation_while_under_the_budget(limits, rotation, budget):
+    chosen, after = remote_turn(limits, rotation, budget)
+    assert chosen and len(set(chosen)) == len(chosen)
+    assert chosen[0] == rotation % len(limits)
+    assert chosen == [(chosen[0] + i) % len(limits) for i in range(len(chosen))]
+    planned = [min(limits[i], budget) for i in chosen]
+    assert sum(planned[:-1]) < budget or len(chosen) == 1  # each one after the first was still under it
+    if len(chosen) < len(limits):
+        assert sum(planned) >= budget  # stopped only because the budget was planned
+    assert after == chosen[0] + len(chosen)
+
+
+@given(sizes, st.integers(min_value=0, max_value=1 << 22))
+def test_every_remote_partition_gets_its_turn(limits, budget):
+    """Partitions left out start the next Fetch: within as many Fetches as there are
+    partitions, each is read."""
+    rotation, read = 0, set()
+    for _ in range(len(limits)):
+        chosen, rotation = remote_turn(limits, rotation, budget)
+        read.update(chosen)
+    assert read == set(range(len(limits)))
+
+
+def test_the_first_remote_partition_gets_a_whole_batch_when_first_or_starved():
+    assert first_gets_whole_batch(0, remote_starved=False)
+    assert not first_gets_whole_batch(10, remote_starved=False)
+    assert first_gets_whole_batch(10, remote_starved=True)
+
+
+def test_records_go_in_when_they_fit_or_are_the_one_whole_batch():
+    assert takes(100, 100, min_one_batch=False)
+    assert not takes(101, 100, min_one_batch=False)
+    assert takes(101, 0, min_one_batch=True)
+    assert not takes(0, 100, min_one_batch=True)  # nothing read: nothing served
+
+
+@given(st.integers(min_value=0, max_value=60_000), st.integers(min_value=0, max_value=60_000_000),
+       st.integers(min_value=0, max_value=1 << 20), st.integers(min_value=0, max_value=1 << 20))
+def test_the_second_request_waits_what_is_left_for_what_is_missing(wait_ms, elapsed_us, min_bytes, remote_bytes):
+    max_wait, elapsed = wait_ms * MS, datetime.timedelta(microseconds=elapsed_us)
+    second = second_request(max_wait, elapsed, min_bytes, remote_bytes)
+    if max_wait - elapsed < MS:
+        assert second is None
+        return
+    assert second is not None
+    left, missing = second
+    assert left % MS == datetime.timedelta(0) and max_wait - elapsed - MS < left <= max_wait - elapsed
+    assert missing == max(min_bytes - remote_bytes, 1)
+
+
+def test_a_merged_response_takes_the_remote_answer_else_the_brokers_in_the_given_order():
+    order = [("b", [2, 0, 1]), ("a", [0]), ("c", [5])]
+    remote = {("b", 0): "remote b0"}
+    broker = {("b", 2): "broker b2", ("b", 0): "broker b0", ("a", 0): "broker a0"}
+    assert assemble(order, remote, broker) == [("b", ["broker b2", "remote b0"]), ("a", ["broker a0"])]
