@@ -45,6 +45,10 @@ be, for the address filter that sees it next.
 The client's request is parsed once: `request_session` walks it, bounding every
 length, before anything else; kio decodes it only when the filter needs its partitions,
 without walking it again.
+
+What needs no I/O (byte budgets, the remote partitions' turns, the second broker
+request, the merged response's order) is decided in `fetch_plan`; this filter asks the
+broker and the remote tier and applies it.
 """
 
 from __future__ import annotations
@@ -72,7 +76,16 @@ from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
-from .fetch_plan import assemble, first_gets_whole_batch, remote_budget, remote_turn, second_request, takes
+from .fetch_plan import (
+    assemble,
+    broker_part,
+    first_gets_whole_batch,
+    proven_below,
+    remote_budget,
+    remote_turn,
+    second_request,
+    takes,
+)
 from tierproxy.protocol.fetch_wire import (
     FLEXIBLE_VERSION,
     SESSIONLESS,
@@ -189,7 +202,7 @@ class FetchFilter(Filter):
         direct = self._direct_partitions(request, by_id, state)
         if not direct:
             return await self._as_sent(ctx, client_request, call_next, state, SESSIONLESS)
-        broker_request = self._broker_request(request, direct, by_id)
+        broker_request = broker_part(request, direct, by_id)
         if broker_request is not None and broker_request.max_wait:
             # Kafka answers once min_bytes are there: the remote part may already be
             # enough, so the broker is asked not to wait (see _await_min_bytes).
@@ -259,7 +272,7 @@ class FetchFilter(Filter):
                 continue
             for partition in topic.partitions:
                 offsets = state.proven.get((topic_id, partition.partition))
-                if offsets is None or offsets.stale or partition.fetch_offset >= offsets.local_log_start:
+                if not proven_below(offsets, partition.fetch_offset):
                     continue
                 key = (topic.topic_id if by_id else topic.topic, partition.partition)
                 direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition),
@@ -287,17 +300,6 @@ class FetchFilter(Filter):
                     answer.log_start_offset, answer.high_watermark, answer.last_stable_offset)
             else:  # the broker refuses now (ACLs changed, topic gone): prove again
                 state.proven.pop((topic_id, partition), None)
-
-    def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote], by_id: bool) -> Any | None:
-        """The request for the broker without the directly served partitions; None when
-        nothing is left for it."""
-        topics = []
-        for topic in request.topics:
-            key = topic.topic_id if by_id else topic.topic
-            partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
-            if partitions:
-                topics.append(dataclasses.replace(topic, partitions=partitions))
-        return dataclasses.replace(request, topics=tuple(topics)) if topics else None
 
     async def _out_of_range(
         self, request: Any, scan: ScannedResponse, by_id: bool, state: TieredConnectionState, queries: ClusterQueries
@@ -343,7 +345,7 @@ class FetchFilter(Filter):
         # A fresh proof below whose local log start the position lies stands (a fetch
         # session meets this on every request); otherwise the broker is asked.
         unproven = {(tp.topic, tp.partition) for _, fetch_partition, tp, _ in candidates
-                    if not _proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
+                    if not proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
         if unproven:
             await self._refresh(unproven, request.isolation_level, state, queries)
         remote = []
@@ -499,7 +501,3 @@ def _fetch_response(version: int, parts: list[Any], tagged_fields: Any = _NO_TAG
 def _as_answered(payload: memoryview, scan: ScannedResponse, version: int) -> Response:
     """The broker's answer as it came, with what the scan found of its tagged fields."""
     return Response.encoded(ApiKey.FETCH, version, [payload], tagged_fields=scan.tagged_fields)
-
-
-def _proven_below(offsets: PartitionOffsets | None, fetch_offset: int) -> bool:
-    return offsets is not None and not offsets.stale and fetch_offset < offsets.local_log_start

@@ -11,17 +11,41 @@ has passed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ("assemble", "first_gets_whole_batch", "remote_budget", "remote_turn", "second_request", "takes")
+if TYPE_CHECKING:
+    from .tiered_state import PartitionOffsets
+
+__all__ = ("assemble", "broker_part", "first_gets_whole_batch", "proven_below", "remote_budget", "remote_turn",
+           "second_request", "takes")
 
 _MS = datetime.timedelta(milliseconds=1)
 
 Broker = TypeVar("Broker")
 Remote = TypeVar("Remote")
+
+
+def proven_below(offsets: PartitionOffsets | None, fetch_offset: int) -> bool:
+    """Whether the connection's proof lets the remote tier serve `fetch_offset` without
+    asking the broker: a proof younger than OFFSETS_MAX_AGE_S, and the offset below the
+    local log start it read."""
+    return offsets is not None and not offsets.stale and fetch_offset < offsets.local_log_start
+
+
+def broker_part(request: Any, served: Container[tuple[Hashable, int]], by_id: bool) -> Any | None:
+    """The Fetch request for the broker without the partitions in `served` (keyed by topic
+    id from v13, `by_id`, else by name); None when nothing is left for it."""
+    topics = []
+    for topic in request.topics:
+        key = topic.topic_id if by_id else topic.topic
+        partitions = tuple(p for p in topic.partitions if (key, p.partition) not in served)
+        if partitions:
+            topics.append(dataclasses.replace(topic, partitions=partitions))
+    return dataclasses.replace(request, topics=tuple(topics)) if topics else None
 
 
 def remote_budget(max_bytes: int, broker_bytes: int, remote_max_bytes: int) -> int:

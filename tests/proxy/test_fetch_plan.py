@@ -4,20 +4,37 @@ budgets, the remote partitions' turns, the second broker request and the merge o
 from __future__ import annotations
 
 import datetime
+import time
 
 from hypothesis import given
 from hypothesis import strategies as st
+from kio.schema.fetch.v12 import request as fetch
+from kio.static.primitive import i8, i32, i64
 
+from tierproxy.protocol.requests import milliseconds
 from tierproxy.proxy.filters.fetch_plan import (
     assemble,
+    broker_part,
     first_gets_whole_batch,
+    proven_below,
     remote_budget,
     remote_turn,
     second_request,
     takes,
 )
+from tierproxy.proxy.filters.tiered_state import OFFSETS_MAX_AGE_S, PartitionOffsets
 
 MS = datetime.timedelta(milliseconds=1)
+
+def fetch_request(partitions: dict[str, list[int]]) -> fetch.FetchRequest:
+    return fetch.FetchRequest(
+        max_wait=milliseconds(500), min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
+        session_id=i32(0), session_epoch=i32(-1), forgotten_topics_data=(),
+        topics=tuple(fetch.FetchTopic(topic=name, partitions=tuple(
+            fetch.FetchPartition(partition=i32(p), fetch_offset=i64(0), partition_max_bytes=i32(1024)) for p in indexes))
+            for name, indexes in partitions.items()),
+    )
+
 
 sizes = st.lists(st.integers(min_value=0, max_value=1 << 20), min_size=1, max_size=40)
 
@@ -84,3 +101,20 @@ def test_a_merged_response_takes_the_remote_answer_else_the_brokers_in_the_given
     remote = {("b", 0): "remote b0"}
     broker = {("b", 2): "broker b2", ("b", 0): "broker b0", ("a", 0): "broker a0"}
     assert assemble(order, remote, broker) == [("b", ["broker b2", "remote b0"]), ("a", ["broker a0"])]
+
+
+def test_a_fresh_proof_serves_offsets_below_the_local_log_start_it_read():
+    fresh = PartitionOffsets(local_log_start=100, high_watermark=150, last_stable_offset=150)
+    assert proven_below(fresh, 99)
+    assert not proven_below(fresh, 100)  # the broker's own
+    assert not proven_below(None, 0)  # never proven on this connection
+    stale = PartitionOffsets(100, 150, 150, read_at=time.monotonic() - 2 * OFFSETS_MAX_AGE_S)
+    assert not proven_below(stale, 99)  # the broker renews it first
+
+
+def test_the_brokers_part_leaves_out_the_partitions_served_without_it():
+    request = fetch_request({"a": [0, 1], "b": [0]})
+    part = broker_part(request, {("a", 1), ("b", 0)}, by_id=False)
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in part.topics] == [("a", [0])]
+    assert part.max_wait == request.max_wait and part.session_epoch == request.session_epoch
+    assert broker_part(request, {("a", 0), ("a", 1), ("b", 0)}, by_id=False) is None
