@@ -83,6 +83,7 @@ from .fetch_plan import (
     proven_below,
     remote_budget,
     remote_turn,
+    response_order,
     second_request,
     takes,
 )
@@ -424,11 +425,7 @@ class FetchFilter(Filter):
         for entry in sorted(remote, key=lambda e: not e.min_one_batch):
             entry.answer = await self._remote_partition(entry, request, queries, budget)
             budget -= entry.answer.records_size
-        if in_request_order or scan is None:
-            by_id = request.__version__ >= TOPIC_ID_VERSION
-            order = [(t.topic_id if by_id else t.topic, [p.partition for p in t.partitions]) for t in request.topics]
-        else:
-            order = [(key, [p.partition_index for p in partitions]) for key, partitions in scan.topics]
+        order = response_order(request, None if in_request_order or scan is None else scan.topics)
         topics = assemble(order, {(e.topic_key, e.request.partition): e.answer for e in remote}, broker)
         version = request.__version__
         if scan is None:

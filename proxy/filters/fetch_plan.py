@@ -17,11 +17,13 @@ import itertools
 from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tierproxy.protocol.fetch_wire import TOPIC_ID_VERSION, ScannedPartition
+
 if TYPE_CHECKING:
     from .tiered_state import PartitionOffsets
 
 __all__ = ("assemble", "broker_part", "first_gets_whole_batch", "proven_below", "remote_budget", "remote_turn",
-           "second_request", "takes")
+           "response_order", "second_request", "takes")
 
 _MS = datetime.timedelta(milliseconds=1)
 
@@ -96,6 +98,17 @@ def second_request(max_wait: datetime.timedelta, elapsed: datetime.timedelta, mi
     if left < _MS:
         return None
     return left // _MS * _MS, max(min_bytes - remote_bytes, 1)
+
+
+def response_order(request: Any, broker_topics: Sequence[tuple[Hashable, Sequence[ScannedPartition]]] | None
+                   ) -> list[tuple[Hashable, list[int]]]:
+    """(topic key, partition indexes) in the order a merged response names them: the
+    broker's order when it answered the whole request (an incremental response names
+    partitions the request omitted), else, `broker_topics` None, the request's."""
+    if broker_topics is None:
+        by_id = request.__version__ >= TOPIC_ID_VERSION
+        return [(t.topic_id if by_id else t.topic, [p.partition for p in t.partitions]) for t in request.topics]
+    return [(key, [p.partition_index for p in partitions]) for key, partitions in broker_topics]
 
 
 def assemble(order: Iterable[tuple[Hashable, Iterable[int]]], remote: Mapping[tuple[Hashable, int], Remote],

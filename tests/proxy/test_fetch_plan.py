@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kio.schema.fetch.v12 import request as fetch
 from kio.static.primitive import i8, i32, i64
 
+from tierproxy.protocol.fetch_wire import ScannedPartition
 from tierproxy.protocol.requests import milliseconds
 from tierproxy.proxy.filters import fetch_plan as plan
 from tierproxy.proxy.filters.tiered_state import OFFSETS_MAX_AGE_S, PartitionOffsets
@@ -109,3 +110,11 @@ def test_the_brokers_part_leaves_out_the_partitions_served_without_it():
     assert [(t.topic, [p.partition for p in t.partitions]) for t in part.topics] == [("a", [0])]
     assert part.max_wait == request.max_wait and part.session_epoch == request.session_epoch
     assert plan.broker_part(request, {("a", 0), ("a", 1), ("b", 0)}, by_id=False) is None
+
+
+def test_a_merged_response_follows_the_broker_unless_partitions_skipped_it():
+    request = fetch_request({"a": [0, 1], "b": [3]})
+    assert plan.response_order(request, None) == [("a", [0, 1]), ("b", [3])]
+    # An incremental session answer names a partition the request omitted.
+    answered = [("b", [ScannedPartition(3, 0, 0, 0, 0)]), ("a", [ScannedPartition(2, 1, 0, 0, 0)])]
+    assert plan.response_order(request, answered) == [("b", [3]), ("a", [2])]
