@@ -307,6 +307,9 @@ REMOTE_LOG_STORAGE_LOCAL_DIR = _define("remote.log.storage.local.dir", Path, Pat
 REMOTE_LOG_STORAGE_S3_BUCKET = _define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
 REMOTE_LOG_STORAGE_S3_ENDPOINT_URL = _define("remote.log.storage.s3.endpoint.url", str, "",
         "S3 endpoint URL; empty for AWS's own endpoints.", "remote storage")
+REMOTE_LOG_STORAGE_S3_SSL_TRUSTSTORE_LOCATION = _define("remote.log.storage.s3.ssl.truststore.location", str, "",
+        "PEM CA certificates that verify an https endpoint.url's certificate (a private CA); empty for the "
+        "system's trust store.", "remote storage")
 REMOTE_LOG_STORAGE_S3_REGION = _define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
 REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID = _define("remote.log.storage.s3.access.key.id", str, "",
         "S3 access key id; empty to use the default AWS credential chain.", "remote storage")

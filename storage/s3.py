@@ -116,6 +116,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         keys: KeyRing | None = None,
         sse: str = "",
         sse_kms_key_id: str = "",
+        ca_location: str | None = None,
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -139,6 +140,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         self.max_attempts = max_attempts
         self.chunk_bytes = chunk_bytes
         self._credentials = (access_key_id, secret_access_key)
+        # PEM CA certificates verifying an HTTPS endpoint; None for the system's (botocore's).
+        self._verify = ca_location
         timeout_s = request_timeout_ms / 1000
         self._config = AioConfig(
             max_pool_connections=max_connections,
@@ -181,6 +184,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                         region_name=self.region,
                         aws_access_key_id=access_key_id,
                         aws_secret_access_key=secret_access_key,
+                        verify=self._verify,
                         config=self._config,
                     )
                 )
