@@ -307,6 +307,9 @@ REMOTE_LOG_STORAGE_LOCAL_DIR = _define("remote.log.storage.local.dir", Path, Pat
 REMOTE_LOG_STORAGE_S3_BUCKET = _define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
 REMOTE_LOG_STORAGE_S3_ENDPOINT_URL = _define("remote.log.storage.s3.endpoint.url", str, "",
         "S3 endpoint URL; empty for AWS's own endpoints.", "remote storage")
+REMOTE_LOG_STORAGE_S3_SSL_TRUSTSTORE_LOCATION = _define("remote.log.storage.s3.ssl.truststore.location", str, "",
+        "PEM CA certificates that verify an https endpoint.url's certificate (a private CA); empty for the "
+        "system's trust store.", "remote storage")
 REMOTE_LOG_STORAGE_S3_REGION = _define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
 REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID = _define("remote.log.storage.s3.access.key.id", str, "",
         "S3 access key id; empty to use the default AWS credential chain.", "remote storage")
@@ -530,8 +533,14 @@ REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES = _define("remote.log.chunk.cache.size.bytes",
 REMOTE_LOG_CHUNK_SIZE_BYTES = _define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
         "proxy", validator=Range(4096))
 REMOTE_LOG_READ_AHEAD_CHUNKS = _define("remote.log.read.ahead.chunks", int, 2,
-        "Chunks prefetched after a sequential read, carrying on into the next segment near a segment's end.",
+        "Fewest chunks prefetched after a sequential read, carrying on into the next segment near a segment's "
+        "end. More are kept in flight where the store's observed first-byte latency needs them: "
+        "ceil(latency / chunk transfer time) + 1, up to remote.log.read.ahead.max.chunks; 0 turns read-ahead off.",
         "proxy", validator=Range(0))
+REMOTE_LOG_READ_AHEAD_MAX_CHUNKS = _define("remote.log.read.ahead.max.chunks", int, 8,
+        "Most chunks prefetched ahead of one sequential reader (ranged reads in flight for one segment), "
+        "however long the store takes to answer; the chunk cache's size bounds them too.",
+        "proxy", validator=Range(1))
 REMOTE_LOG_READER_THREADS = _define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
 REMOTE_LOG_READER_MAX_PENDING_TASKS = _define("remote.log.reader.max.pending.tasks", int, 100,
         "Remote reads waiting for a reader; beyond that a partition gets an immediate error.", "proxy",

@@ -62,6 +62,7 @@ from tierproxy.storage.rsm import RemoteStorageManager
 
 from .failures import Cause, cause_of
 from .metrics import RemoteMetrics
+from .read_ahead import ReadAhead
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
 from .throttled_log import ThrottledLog
 from .transactions import collect_aborted
@@ -135,6 +136,10 @@ class RemoteLogReader:
         self.rsm = rsm
         self.index_cache = index_cache
         self.chunk_cache = chunk_cache
+        # Chunks in flight ahead of a sequential reader, from the store's observed latency.
+        self.read_ahead = ReadAhead(chunk_cache.read_ahead_chunks,
+                                    max(chunk_cache.read_ahead_chunks, chunk_cache.max_prefetch_per_segment, 1))
+        rsm.observe_range_reads(self.read_ahead.observe)
         self.metrics = metrics if metrics is not None else RemoteMetrics()
         self._segments = RemoteLogSegments(rlmm) if rlmm is not None else None
         # Whether the store checks each segment's `.log` blocks (False: its batches are checked here).
@@ -251,7 +256,8 @@ class RemoteLogReader:
         offset index and first chunks load while this one is served, so a sequential reader
         does not wait for the store's first byte at every segment boundary."""
         cache = self.chunk_cache
-        beyond = position // cache.chunk_size + cache.read_ahead_chunks - (cache.chunk_count(segment) - 1)
+        ahead = self.read_ahead.chunks(cache.chunk_size)
+        beyond = position // cache.chunk_size + ahead - (cache.chunk_count(segment) - 1)
         if beyond <= 0:
             return
         following = self.segments.following(segment, leader_epoch)
@@ -371,8 +377,10 @@ class RemoteLogReader:
 
         async def chunks() -> AsyncGenerator[bytes | memoryview, None]:
             for index in range(first, cache.chunk_count(segment)):
+                if read_ahead:  # before waiting on a miss: the next chunks load alongside this one
+                    cache.prefetch(segment, index + 1, self.read_ahead.chunks(cache.chunk_size))
                 try:
-                    chunk = await cache.get(segment, index, read_ahead=read_ahead)
+                    chunk = await cache.get(segment, index, read_ahead=False)
                 except CorruptChunk as e:
                     # The checked bytes in front of the corrupt block still give their whole
                     # batches; the read stops at the block with the store's own error.

@@ -34,6 +34,7 @@ import contextlib
 import asyncio
 import base64
 import enum
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -50,7 +51,7 @@ from .errors import (
     RemoteResourceNotFound,
     RemoteStorageError,
 )
-from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
+from .manifest import TAG_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
 
@@ -210,6 +211,11 @@ class RemoteStorageManager(abc.ABC):
         (operation, seconds, succeeded). A manager without requests of its own to
         report ignores it."""
 
+    def observe_range_reads(self, observer: Callable[[float, float, int], None]) -> None:
+        """Report each `read_log_into` that succeeds to `observer`, as (seconds until the
+        store's first byte, seconds for the bytes after it, bytes read): what a reader sizes
+        its read-ahead by. A manager that cannot tell the two apart ignores it."""
+
     async def __aenter__(self) -> RemoteStorageManager:
         return self
 
@@ -237,9 +243,13 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # Where encrypted chunks are read before they are decrypted into the caller's
         # buffer: reused, so that a read does not fault in fresh memory.
         self._sealed_buffers: list[bytearray] = []
+        self._observe_range_read: Callable[[float, float, int], None] = lambda first_byte, rest, size: None
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         self.observe_request = observer
+
+    def observe_range_reads(self, observer: Callable[[float, float, int], None]) -> None:
+        self._observe_range_read = observer
 
     # -- primitives -------------------------------------------------------------
 
@@ -380,9 +390,16 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                 target: memoryview | None = memoryview(scratch)[:stop - first]
             else:
                 target = into if sealed is None and first == start and stop == last + 1 else None
+            started = time.monotonic()
             async with self._open_range(key, first, stop - 1, target) as (object_size, chunks):
+                opened = time.monotonic()  # the response's head: its first byte
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
+                if target is not None:
+                    # Whole blocks (or sealed chunks) at a time, so that none is split between
+                    # two pieces and copied together to be checked or opened.
+                    step = sealed.chunk_bytes + TAG_BYTES if sealed is not None else block or 1
+                    chunks = _in_place(chunks, target, step, key)
                 if sealed is not None:
                     chunks = sealed.open_range(chunks, start, last, key, into)
                 elif block:
@@ -392,6 +409,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                     yield chunk
             if delivered != last - start + 1:
                 raise CorruptRemoteSegment(f"{key}: got {delivered} bytes of range [{start}, {last}]")
+            if into is not None:
+                self._observe_range_read(opened - started, time.monotonic() - opened, stop - first)
         except (RemoteResourceNotFound, CorruptRemoteSegment):
             self._forget(metadata)  # the next call looks at the store again
             raise
@@ -622,6 +641,27 @@ async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key
             view = view[len(block):]
         if view:
             pending += view
+
+
+async def _in_place(chunks: AsyncGenerator[bytes | memoryview, None], target: memoryview,
+                    step: int, key: str) -> AsyncGenerator[memoryview, None]:
+    """The bytes a store read for `target`, as views of `target` ending at multiples of
+    `step` (or at the end): a store that reads into `target` yields views of it in order,
+    in pieces of any size, and they stay where they are; one that does not is copied there."""
+    filled = passed = 0
+    async for chunk in chunks:
+        size = len(chunk)
+        if filled + size > len(target):
+            raise CorruptRemoteSegment(f"{key}: more bytes than the {len(target)} asked for")
+        if not (isinstance(chunk, memoryview) and chunk.obj is target.obj):
+            target[filled:filled + size] = chunk
+        filled += size
+        ready = filled if filled == len(target) else filled - filled % step
+        if ready > passed:
+            yield target[passed:ready]
+            passed = ready
+    if filled > passed:
+        yield target[passed:filled]  # a short read: the size checks after this name it
 
 
 async def _fill(buffer: memoryview, stream: AsyncGenerator[bytes | memoryview, None], metadata: RemoteLogSegmentMetadata,
