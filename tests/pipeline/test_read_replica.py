@@ -1,0 +1,237 @@
+"""A read replica: a topic tiered by the pipeline on one cluster (the origin) and served by
+a proxy in front of another cluster (the replica, SASL with Kafka's StandardAuthorizer),
+both on one S3 bucket.
+
+`tierproxy replica create` made the topic on the replica cluster, empty, with the origin's
+partition count. alice may read it, carol only describe it, dave write it. alice replays
+it exactly from offset 0 with the origin running and again, in a consumer group, after
+the origin's broker is killed; a consumer at the end sees new segments the origin tiers;
+dave's Produce is refused (INVALID_TOPIC_EXCEPTION) and nothing lands on the replica
+cluster; carol gets TOPIC_AUTHORIZATION_FAILED and no bytes.
+
+The remote log metadata backend is one fixture (`metadata`), the origin's writer and the
+replica's reader of the same store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
+from confluent_kafka.admin import AclOperation, ResourceType
+
+from testbed.fixtures import SASL_USERS, _test_broker_config
+from testbed.kafka import KafkaCluster
+from tierproxy.cli import main
+from tierproxy.client.cluster import Cluster
+from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.pipeline.tier import run_pass
+from tests.helpers.commands import write_properties
+from tests.helpers.consume import record_keys
+from tests.helpers.pipeline import assert_clean, tier_config
+from tests.helpers.produce import ProducedRecord, produce_timed
+from tests.helpers.proxy import ProxyThread, running
+from tests.helpers.proxy import proxy_config
+from tests.helpers.tiered import plaintext_bootstrap
+from tests.proxy.test_tiered_authorization import _grant
+
+pytestmark = pytest.mark.timeout(600)
+
+PARTITIONS = 2
+PER_PARTITION = 400
+MORE = 50
+# Everything below the last stable offset is shipped, and trimmed from the origin's broker.
+TOPIC_SETTINGS = {"segment.ms": 1, "local.retention.ms": 0, "segment.bytes": 16 * 1024}
+
+
+@pytest.fixture(scope="module", params=["file"])
+def metadata(request, tmp_path_factory) -> dict[str, str]:
+    """The remote log metadata store the origin writes and the replica reads."""
+    return {"remote.log.metadata.backend": request.param,
+            "remote.log.metadata.dir": str(tmp_path_factory.mktemp("metadata"))}
+
+
+class Origin:
+    def __init__(self, cluster: KafkaCluster, topic: str, store: dict[str, str], root: Path) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.records: list[ProducedRecord] = []
+        self.config = tier_config(root, cluster.bootstrap_servers, topic, topic_settings=TOPIC_SETTINGS, extra=store)
+
+    def produce(self, per_partition: int) -> None:
+        self.records += produce_timed({"bootstrap.servers": self.cluster.bootstrap_servers}, self.topic,
+                                      PARTITIONS, per_partition, value_size=100)
+        self.records.sort(key=lambda r: (r.partition, r.offset))
+
+    def tier(self, spark) -> None:
+        assert_clean(run_pass(self.config, spark))
+
+
+@pytest.fixture(scope="module")
+def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
+    topic = f"replicated-{uuid.uuid4().hex[:8]}"
+    store = {**s3_server.storage_properties(topic), **metadata}
+    with KafkaCluster(1, broker_config=_test_broker_config()) as cluster:
+        cluster.create_topic(topic, partitions=PARTITIONS)
+        data = Origin(cluster, topic, store, tmp_path_factory.mktemp("origin"))
+        data.produce(PER_PARTITION)
+        data.tier(spark)
+        yield data
+
+
+@pytest.fixture(scope="module")
+def replica_settings(origin, sasl_kafka) -> dict[str, str]:
+    """The replica cluster's side of the configuration (its proxy's and `replica create`'s)."""
+    return {key: value for key, value in origin.config.raw().items() if key.startswith("remote.log.")} | {
+        f"topic.{origin.topic}.remote.log.read.replica": "true"}
+
+
+@pytest.fixture(scope="module")
+def replica_file(replica_settings, sasl_kafka, tmp_path_factory) -> Path:
+    """`tierproxy replica create`'s file: tierproxy's own connections use the cluster's
+    PLAINTEXT inter-broker listener (a super user)."""
+    return write_properties(tmp_path_factory.mktemp("replica") / "replica.properties",
+                            {**replica_settings, "bootstrap.servers": plaintext_bootstrap(sasl_kafka)})
+
+
+@pytest.fixture(scope="module")
+def replica(origin, sasl_kafka, replica_settings, replica_file) -> Iterator[ProxyThread]:
+    assert main(["replica", "create", "--config", str(replica_file)]) == 0
+    _grant(sasl_kafka, "alice", ResourceType.TOPIC, origin.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "carol", ResourceType.TOPIC, origin.topic, AclOperation.DESCRIBE)
+    _grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
+    _grant(sasl_kafka, "dave", ResourceType.TOPIC, origin.topic, AclOperation.WRITE, AclOperation.DESCRIBE)
+    try:
+        with running(proxy_config(sasl_kafka.bootstrap_servers, len(sasl_kafka.brokers), **replica_settings)) as proxy:
+            yield proxy
+    finally:
+        sasl_kafka.delete_topic(origin.topic)
+
+
+def _sasl(user: str) -> dict[str, str]:
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": user,
+            "sasl_plain_password": SASL_USERS[user]}
+
+
+async def _replay(proxy: ProxyThread, topic: str, count: int, **options) -> list[tuple]:
+    """alice's records from offset 0, until `count` or 60 s, sorted by (partition, offset)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap_servers, auto_offset_reset="earliest",
+                                enable_auto_commit=False, **_sasl("alice"), **options)
+    await consumer.start()
+    records = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(records) < count and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+        if "group_id" in options:
+            await consumer.commit()
+            committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in range(PARTITIONS)}
+            assert committed == {p: sum(1 for r in records if r.partition == p) for p in range(PARTITIONS)}
+    finally:
+        await consumer.stop()
+    return sorted(record_keys(records), key=lambda k: (k[0], k[1]))
+
+
+async def _replica_end_offsets(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    """The replica cluster's own log end offsets of the topic, asked of its broker directly."""
+    async with Cluster(plaintext_bootstrap(cluster).split(",")) as admin:
+        topics = await admin.topics([topic])
+        answers = await admin.list_offsets(topics, [(topic, p) for p in range(PARTITIONS)], OffsetSpec.LATEST)
+    return {p: answers[(topic, p)].offset for p in range(PARTITIONS)}
+
+
+def _remote_reads(proxy: ProxyThread, topic: str) -> float:
+    return proxy.metrics.value("tierproxy_remote_read_requests_total", {"topic": topic})
+
+
+async def test_replica_create_made_the_topic_empty_with_the_origins_partitions(origin, replica, sasl_kafka,
+                                                                               replica_file):
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+    # Again: nothing to do.
+    assert await asyncio.to_thread(main, ["replica", "create", "--config", str(replica_file)]) == 0
+
+
+async def test_alice_replays_the_topic_exactly_with_offsets_from_the_remote_log(origin, replica):
+    assert await _replay(replica, origin.topic, len(origin.records)) == record_keys(origin.records)
+    assert _remote_reads(replica, origin.topic) > 0
+    consumer = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, **_sasl("alice"))
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(origin.topic, p) for p in range(PARTITIONS)]
+        ends = {tp.partition: offset for tp, offset in (await consumer.end_offsets(partitions)).items()}
+        starts = {tp.partition: offset for tp, offset in (await consumer.beginning_offsets(partitions)).items()}
+        middle = origin.records[PER_PARTITION // 2]
+        by_time = await consumer.offsets_for_times({TopicPartition(origin.topic, middle.partition):
+                                                    middle.timestamp_ms})
+    finally:
+        await consumer.stop()
+    assert ends == {p: sum(1 for r in origin.records if r.partition == p) for p in range(PARTITIONS)}
+    assert starts == {p: 0 for p in range(PARTITIONS)}
+    (found,) = by_time.values()
+    first = min(r.offset for r in origin.records
+                if r.partition == middle.partition and r.timestamp_ms >= middle.timestamp_ms)
+    assert found.offset == first
+
+
+async def test_produce_to_the_replica_is_refused_and_never_lands(origin, replica, sasl_kafka):
+    producer = AIOKafkaProducer(bootstrap_servers=replica.bootstrap_servers, **_sasl("dave"))
+    await producer.start()
+    try:
+        with pytest.raises(InvalidTopicError):
+            await producer.send_and_wait(origin.topic, b"never", partition=0)
+    finally:
+        await producer.stop()
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(origin, replica):
+    before = _remote_reads(replica, origin.topic)
+    consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **_sasl("carol"))
+    records = []
+    with pytest.raises(TopicAuthorizationFailedError):
+        try:
+            await consumer.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=300)).values():
+                    records.extend(batch)
+        finally:
+            await consumer.stop()
+    assert records == []
+    assert _remote_reads(replica, origin.topic) == before
+
+
+async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
+    consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="latest", **_sasl("alice"))
+    await consumer.start()
+    try:
+        assert await consumer.getmany(timeout_ms=1000) == {}  # at the end: nothing
+        ends = {p: sum(1 for r in origin.records if r.partition == p) for p in range(PARTITIONS)}
+        await asyncio.to_thread(origin.produce, MORE)
+        await asyncio.to_thread(origin.tier, spark)
+        records = []
+        deadline = time.monotonic() + 60
+        while len(records) < PARTITIONS * MORE and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    assert sorted(record_keys(records)) == record_keys(r for r in origin.records if r.offset >= ends[r.partition])
+
+
+async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica):
+    os.kill(origin.cluster.pids[0], signal.SIGKILL)
+    replayed = await _replay(replica, origin.topic, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
+    assert replayed == record_keys(origin.records)
