@@ -16,7 +16,9 @@ replica's reader of the same store.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
+import subprocess
 import signal
 import time
 import uuid
@@ -26,13 +28,17 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
+from kio.schema.fetch.v13 import request as fetch13
+from kio.schema.list_offsets.v9 import request as list_offsets9
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 from confluent_kafka.admin import AclOperation, ResourceType
 
 from testbed.fixtures import SASL_USERS, _test_broker_config
 from testbed.kafka import KafkaCluster
 from tierproxy.cli import main
 from tierproxy.client.cluster import Cluster
-from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
 from tierproxy.pipeline.tier import run_pass
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
@@ -41,7 +47,7 @@ from tests.helpers.produce import ProducedRecord, produce_timed
 from tests.helpers.proxy import ProxyThread, running
 from tests.helpers.proxy import proxy_config
 from tests.helpers.tiered import plaintext_bootstrap
-from tests.proxy.test_tiered_authorization import _grant
+from tests.proxy.test_tiered_authorization import _authenticated, _fetch_at, _grant
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -212,6 +218,57 @@ async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(o
     assert _remote_reads(replica, origin.topic) == before
 
 
+async def test_raw_fetch_of_offset_0_per_principal_by_name_and_by_topic_id(origin, replica, sasl_kafka):
+    """Remote bytes for alice, TOPIC_AUTHORIZATION_FAILED and none for carol, also after
+    alice's connection proved the partition (the second fetch may skip the broker); by
+    topic id (v13+) the id is the replica cluster's."""
+    async with Cluster(plaintext_bootstrap(sasl_kafka).split(",")) as admin:
+        topic_id = (await admin.topics([origin.topic]))[origin.topic].topic_id
+    by_id = fetch13.FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)), min_bytes=i32(1), max_bytes=i32(1 << 20),
+        isolation_level=i8(0), topics=(fetch13.FetchTopic(topic_id=topic_id, partitions=(fetch13.FetchPartition(
+            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),),
+        forgotten_topics_data=())
+    for user in ("carol", "alice", "carol"):
+        conn = await _authenticated(replica.bootstrap_servers, user)
+        try:
+            for request in (_fetch_at(origin.topic, 0), _fetch_at(origin.topic, 0), by_id, by_id):
+                response = await conn.request(request)
+                (answer,) = response.responses[0].partitions
+                if user == "alice":
+                    assert answer.error_code == ErrorCode.none, request
+                    assert next(iter_batches(answer.records)).base_offset == 0
+                    assert answer.high_watermark == PER_PARTITION
+                else:
+                    assert answer.error_code == ErrorCode.topic_authorization_failed, request
+                    assert not answer.records
+        finally:
+            await conn.close()
+
+
+async def test_list_offsets_of_every_kind_are_the_remote_logs(origin, replica):
+    """ListOffsets needs DESCRIBE (carol has it): the answers are the remote log's, the
+    empty topic on the replica cluster has no say."""
+    records = [r for r in origin.records if r.partition == 0]
+    end = len(records)
+    latest = max(records, key=lambda r: (r.timestamp_ms, -r.offset))
+    specs = {OffsetSpec.LATEST: end, OffsetSpec.EARLIEST: 0, OffsetSpec.MAX_TIMESTAMP: latest.offset,
+             OffsetSpec.EARLIEST_LOCAL_TIMESTAMP: end, OffsetSpec.LATEST_TIERED_TIMESTAMP: end - 1,
+             records[10].timestamp_ms: records[10].offset, latest.timestamp_ms + 1: -1}
+    conn = await _authenticated(replica.bootstrap_servers, "carol")
+    try:
+        for isolation_level in (0, 1):
+            for spec, offset in specs.items():
+                partition = list_offsets9.ListOffsetsPartition(partition_index=i32(0), timestamp=i64(spec))
+                response = await conn.request(list_offsets9.ListOffsetsRequest(
+                    replica_id=i32(-1), isolation_level=i8(isolation_level),
+                    topics=(list_offsets9.ListOffsetsTopic(name=origin.topic, partitions=(partition,)),)))
+                (answer,) = response.topics[0].partitions
+                assert (answer.error_code, answer.offset, answer.leader_epoch) == (ErrorCode.none, offset, -1), spec
+    finally:
+        await conn.close()
+
+
 async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
     consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
                                 auto_offset_reset="latest", **_sasl("alice"))
@@ -235,3 +292,11 @@ async def test_without_the_origin_a_group_replays_everything_exactly_once(origin
     os.kill(origin.cluster.pids[0], signal.SIGKILL)
     replayed = await _replay(replica, origin.topic, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
     assert replayed == record_keys(origin.records)
+    # librdkafka too, to the end of each partition.
+    kcat = await asyncio.to_thread(subprocess.run, [
+        "kcat", "-b", replica.bootstrap_servers, "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=PLAIN",
+        "-X", "sasl.username=alice", "-X", f"sasl.password={SASL_USERS['alice']}", "-C", "-t", origin.topic,
+        "-o", "beginning", "-e", "-q", "-f", "%p %o %k\\n"], capture_output=True, text=True, timeout=120)
+    assert kcat.returncode == 0, kcat.stderr
+    printed = sorted((int(p), int(o), k) for p, o, k in (line.split(" ") for line in kcat.stdout.splitlines() if line))
+    assert printed == sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
