@@ -288,7 +288,7 @@ async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
     assert sorted(record_keys(records)) == record_keys(r for r in origin.records if r.offset >= ends[r.partition])
 
 
-async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica):
+async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica, sasl_kafka):
     os.kill(origin.cluster.pids[0], signal.SIGKILL)
     replayed = await _replay(replica, origin.topic, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
     assert replayed == record_keys(origin.records)
@@ -300,3 +300,21 @@ async def test_without_the_origin_a_group_replays_everything_exactly_once(origin
     assert kcat.returncode == 0, kcat.stderr
     printed = sorted((int(p), int(o), k) for p, o, k in (line.split(" ") for line in kcat.stdout.splitlines() if line))
     assert printed == sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
+    # The Java consumer in a group: fetch sessions and topic ids (Fetch v13+).
+    java = await asyncio.to_thread(
+        sasl_kafka.java_tool, "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server", replica.bootstrap_servers, "--consumer.config", str(sasl_kafka.client_properties("alice")),
+        "--topic", origin.topic, "--group", f"java-{uuid.uuid4().hex[:6]}", "--from-beginning",
+        "--max-messages", str(len(origin.records)), "--timeout-ms", "60000",
+        "--property", "print.partition=true", "--property", "print.offset=true", "--property", "print.key=true",
+        "--property", "print.value=false", timeout=180)
+    assert java.returncode == 0, java.stderr[-2000:]
+    assert sorted(_java_record(line) for line in java.stdout.splitlines() if line.startswith("Partition:")) == \
+        sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
+
+
+def _java_record(line: str) -> tuple[int, int, str]:
+    """(partition, offset, key) of a console consumer line `Partition:P\tOffset:O\tKEY`."""
+    fields = line.split("\t")
+    named = dict(field.split(":", 1) for field in fields[:-1])
+    return int(named["Partition"]), int(named["Offset"]), fields[-1]
