@@ -34,6 +34,7 @@ from kio.static.primitive import i64
 from tierproxy.client.queries import ClusterQueries
 from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.codecs import kio_versions, make_entity, nested_entities, response_schema
+from tierproxy.storage.errors import MetadataNotReady
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import TopicIdPartition
 
@@ -49,6 +50,8 @@ __all__ = ("BEYOND_ANY_LOG", "ReadReplicas", "ReplicaProduceFilter")
 #: log, so that the broker answers OFFSET_OUT_OF_RANGE (after its authorization check) and
 #: never parks the Fetch waiting for records the empty topic will not get.
 BEYOND_ANY_LOG = 2**62
+#: Produce names topics by id from this version on (KIP-516).
+_PRODUCE_TOPIC_ID_VERSION = 13
 
 
 class ReadReplicas:
@@ -57,6 +60,8 @@ class ReadReplicas:
     def __init__(self, names: Iterable[str], rlmm: RemoteLogMetadataManager) -> None:
         self.names = frozenset(names)
         self.rlmm = rlmm
+        self._origins: dict[tuple[str, int], TopicIdPartition] = {}
+        self._indexed_at = float("-inf")
 
     @classmethod
     def of(cls, tier: RemoteTier) -> ReadReplicas:
@@ -70,11 +75,28 @@ class ReadReplicas:
 
     def origin_partition(self, name: str, partition: int) -> TopicIdPartition | None:
         """The origin's partition of a replica topic in the remote log metadata; None when
-        none is known (nothing tiered yet). A topic deleted and created again at the origin
-        has two topic ids: the one whose partitions are not being deleted is served."""
-        found = [tp for tp in self.rlmm.partitions() if tp.topic == name and tp.partition == partition]
-        live = [tp for tp in found if self.rlmm.partition_delete_state(tp) is None]
-        return (live or found or [None])[-1]
+        none is known (nothing tiered yet)."""
+        now = time.monotonic()
+        if now - self._indexed_at > OFFSETS_MAX_AGE_S:  # new partitions show within that
+            self._origins = self._index()
+            self._indexed_at = now
+        return self._origins.get((name, partition))
+
+    def _index(self) -> dict[tuple[str, int], TopicIdPartition]:
+        """(name, partition) -> the origin's partition. A topic deleted and created again at
+        the origin has two topic ids: the one whose remote log is not deleted is served."""
+        ranked: dict[tuple[str, int], tuple[int, TopicIdPartition]] = {}
+        for tp in self.rlmm.partitions():
+            if tp.topic not in self.names:
+                continue
+            try:
+                rank = 2 if self.rlmm.partition_delete_state(tp) is None else 0
+            except MetadataNotReady:
+                rank = 1
+            key = (tp.topic, tp.partition)
+            if key not in ranked or rank >= ranked[key][0]:
+                ranked[key] = (rank, tp)
+        return {key: tp for key, (_, tp) in ranked.items()}
 
     def offsets(self, tp: TopicIdPartition | None) -> PartitionOffsets:
         """The replica partition's offsets: everything is remote. Raises MetadataNotReady."""
@@ -140,7 +162,7 @@ class ReplicaProduceFilter(Filter):
 
     async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
         request = client_request.body
-        by_id = not hasattr(request.topic_data[0], "name") if request.topic_data else False
+        by_id = request.__version__ >= _PRODUCE_TOPIC_ID_VERSION
         if by_id:
             await self.replicas.learn_topic_ids(
                 ctx.tiered, broker_queries(ctx, client_request.header.client_id, self.metrics),
