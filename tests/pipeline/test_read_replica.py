@@ -167,6 +167,20 @@ async def test_replica_create_made_the_topic_empty_with_the_origins_partitions(o
     assert await asyncio.to_thread(main, ["replica", "create", "--config", str(replica_file)]) == 0
 
 
+async def test_replica_create_refuses_a_topic_with_another_partition_count(origin, replica_settings, kafka_cluster,
+                                                                          tmp_path, capsys):
+    """On a cluster where the topic exists with one partition, not the origin's two."""
+    kafka_cluster.create_topic(origin.topic, partitions=1)
+    try:
+        path = write_properties(tmp_path / "wrong.properties",
+                                {**replica_settings, "bootstrap.servers": kafka_cluster.bootstrap_servers})
+        assert await asyncio.to_thread(main, ["replica", "create", "--config", str(path)]) == 1
+    finally:
+        kafka_cluster.delete_topic(origin.topic)
+    assert f"{origin.topic} exists on this cluster with 1 partitions; its remote log has {PARTITIONS}" in \
+        capsys.readouterr().err
+
+
 async def test_alice_replays_the_topic_exactly_with_offsets_from_the_remote_log(origin, replica):
     assert await _replay(replica, origin.topic, len(origin.records)) == record_keys(origin.records)
     assert _remote_reads(replica, origin.topic) > 0
