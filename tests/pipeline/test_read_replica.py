@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
-import subprocess
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,8 +30,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.list_offsets.v9 import request as list_offsets9
-from kio.static.primitive import i8, i32, i32Timedelta, i64
 from confluent_kafka.admin import AclOperation, ResourceType
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from testbed.fixtures import SASL_USERS, _test_broker_config
 from testbed.kafka import KafkaCluster
@@ -40,14 +40,13 @@ from tierproxy.client.cluster import Cluster
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.pipeline.tier import run_pass
+from tests.helpers.acl import authenticated, fetch_at, grant
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
 from tests.helpers.pipeline import assert_clean, tier_config
 from tests.helpers.produce import ProducedRecord, produce_timed
-from tests.helpers.proxy import ProxyThread, running
-from tests.helpers.proxy import proxy_config
+from tests.helpers.proxy import ProxyThread, proxy_config, running
 from tests.helpers.tiered import plaintext_bootstrap
-from tests.proxy.test_tiered_authorization import _authenticated, _fetch_at, _grant
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -111,11 +110,11 @@ def replica_file(replica_settings, sasl_kafka, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def replica(origin, sasl_kafka, replica_settings, replica_file) -> Iterator[ProxyThread]:
     assert main(["replica", "create", "--config", str(replica_file)]) == 0
-    _grant(sasl_kafka, "alice", ResourceType.TOPIC, origin.topic, AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "carol", ResourceType.TOPIC, origin.topic, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
-    _grant(sasl_kafka, "dave", ResourceType.TOPIC, origin.topic, AclOperation.WRITE, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "alice", ResourceType.TOPIC, origin.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.TOPIC, origin.topic, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
+    grant(sasl_kafka, "dave", ResourceType.TOPIC, origin.topic, AclOperation.WRITE, AclOperation.DESCRIBE)
     try:
         with running(proxy_config(sasl_kafka.bootstrap_servers, len(sasl_kafka.brokers), **replica_settings)) as proxy:
             yield proxy
@@ -244,9 +243,9 @@ async def test_raw_fetch_of_offset_0_per_principal_by_name_and_by_topic_id(origi
             partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),),
         forgotten_topics_data=())
     for user in ("carol", "alice", "carol"):
-        conn = await _authenticated(replica.bootstrap_servers, user)
+        conn = await authenticated(replica.bootstrap_servers, user)
         try:
-            for request in (_fetch_at(origin.topic, 0), _fetch_at(origin.topic, 0), by_id, by_id):
+            for request in (fetch_at(origin.topic, 0), fetch_at(origin.topic, 0), by_id, by_id):
                 response = await conn.request(request)
                 (answer,) = response.responses[0].partitions
                 if user == "alice":
@@ -269,7 +268,7 @@ async def test_list_offsets_of_every_kind_are_the_remote_logs(origin, replica):
     specs = {OffsetSpec.LATEST: end, OffsetSpec.EARLIEST: 0, OffsetSpec.MAX_TIMESTAMP: latest.offset,
              OffsetSpec.EARLIEST_LOCAL_TIMESTAMP: end, OffsetSpec.LATEST_TIERED_TIMESTAMP: end - 1,
              records[10].timestamp_ms: records[10].offset, latest.timestamp_ms + 1: -1}
-    conn = await _authenticated(replica.bootstrap_servers, "carol")
+    conn = await authenticated(replica.bootstrap_servers, "carol")
     try:
         for isolation_level in (0, 1):
             for spec, offset in specs.items():
