@@ -30,8 +30,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.list_offsets.v9 import request as list_offsets9
+from kio.schema.produce.v9 import request as produce9
 from confluent_kafka.admin import AclOperation, ResourceType
-from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from testbed.fixtures import SASL_USERS, _test_broker_config
 from testbed.kafka import KafkaCluster
@@ -41,6 +42,7 @@ from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.pipeline.tier import run_pass
 from tests.helpers.acl import authenticated, fetch_at, grant
+from tests.helpers.batches import batch
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
 from tests.helpers.pipeline import assert_clean, tier_config
@@ -210,6 +212,28 @@ async def test_produce_to_the_replica_is_refused_and_never_lands(origin, replica
             await producer.send_and_wait(origin.topic, b"never", partition=0)
     finally:
         await producer.stop()
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+async def test_a_produce_with_another_topic_too_writes_only_that_one(origin, replica, sasl_kafka):
+    """One Produce request for the replica topic and an ordinary one: the ordinary topic's
+    partition is written, the replica's refused with a message saying why."""
+    other = f"ordinary-{uuid.uuid4().hex[:8]}"
+    sasl_kafka.create_topic(other)
+    grant(sasl_kafka, "dave", ResourceType.TOPIC, other, AclOperation.WRITE, AclOperation.DESCRIBE)
+    conn = await authenticated(replica.bootstrap_servers, "dave")
+    try:
+        response = await conn.request(produce9.ProduceRequest(
+            transactional_id=None, acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+            topic_data=tuple(produce9.TopicProduceData(name=name, partition_data=(produce9.PartitionProduceData(
+                index=i32(0), records=batch(0, 3)),)) for name in (origin.topic, other))))
+    finally:
+        await conn.close()
+        sasl_kafka.delete_topic(other)
+    answers = {t.name: t.partition_responses[0] for t in response.responses}
+    assert answers[other].error_code == ErrorCode.none
+    assert answers[origin.topic].error_code == ErrorCode.invalid_topic_exception
+    assert answers[origin.topic].error_message == f"{origin.topic} is a read replica of a remote log: it takes no writes"
     assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
 
 
