@@ -33,6 +33,7 @@ the whole batches they hold.
 from __future__ import annotations
 
 import collections
+import functools
 import uuid
 
 from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment
@@ -184,8 +185,8 @@ class ChunkCache:
             if not self._reserve(size):
                 return  # no room without dropping demand: read-ahead yields
             self._prefetching[segment_id] += 1
-            task = self._flight.start(key, lambda i=i, size=size: self._load(segment, i, reserved=size))
-            task.add_done_callback(lambda _t, s=segment_id: self._prefetch_done(s))
+            task = self._flight.start(key, functools.partial(self._load, segment, i, reserved=size))
+            task.add_done_callback(lambda _t: self._prefetch_done(segment_id))
             self._metrics.prefetched()
 
     def _prefetch_done(self, segment_id: uuid.UUID) -> None:
@@ -237,13 +238,13 @@ class ChunkCache:
         else:
             if self._reserved_bytes + size > self.max_bytes:
                 self._publish_size()
-                self._buffers.retire(data.obj)  # type: ignore[arg-type]
+                self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
                 return  # cannot fit beside the prefetches in flight: served, not kept
             while self.total_bytes + size > self.max_bytes:
                 self._evict_oldest(self._prefetched if self._prefetched else self._read)
         if self.total_bytes + size > self.max_bytes:
             self._publish_size()
-            self._buffers.retire(data.obj)  # type: ignore[arg-type]
+            self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
             return
         if prefetched:
             self._prefetched[key] = data
@@ -264,7 +265,7 @@ class ChunkCache:
             self._read_bytes -= len(data)
         else:
             self._prefetched_bytes -= len(data)
-        self._buffers.retire(data.obj)  # type: ignore[arg-type]
+        self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
 
     def _publish_size(self) -> None:
         self._metrics.size(self.total_bytes, len(self))

@@ -73,10 +73,9 @@ class ResponseOrderer:
 
     def _flush(self) -> None:
         slots = self._slots
-        while slots and slots[0].parts is not None:
-            slot = slots.popleft()
-            parts, slot.parts = slot.parts, None
-            self._write(parts)  # type: ignore[arg-type]
+        while slots and (parts := slots[0].parts) is not None:
+            slots.popleft().parts = None
+            self._write(parts)
 
     def clear(self) -> None:
         """The connection closed: nothing more is owed."""

@@ -42,7 +42,7 @@ import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -198,6 +198,7 @@ class RemoteLogReader:
         if segment is None:
             return RemoteReadResult([], 0, fetch_offset, -1 if log_start is None else log_start,
                                     offset_out_of_range=True)
+        assert log_start is not None  # a segment is looked for only from the log start on
         while True:
             read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch)
             if read.found:
@@ -347,7 +348,7 @@ class RemoteLogReader:
 
     async def batches(
         self, segment: RemoteLogSegmentMetadata, position: int = 0, *, from_offset: int = 0, read_ahead: bool = True
-    ) -> AsyncIterator[Batch]:
+    ) -> AsyncGenerator[Batch, None]:
         """The segment's batches from byte `position` of its `.log` (a batch boundary, as the
         offset index gives), those ending before `from_offset` passed over, none past the
         segment's end offset. Bytes that cannot be what Kafka wrote raise CorruptRemoteSegment
@@ -360,15 +361,15 @@ class RemoteLogReader:
 
     async def _batches(
         self, segment: RemoteLogSegmentMetadata, position: int, from_offset: int, *, read_ahead: bool
-    ) -> AsyncIterator[Batch]:
+    ) -> AsyncGenerator[Batch, None]:
         blocks_checked = await self._store_checks_blocks(segment)
         cache = self.chunk_cache
         first = position // cache.chunk_size
 
-        def from_position(chunk: bytes, index: int) -> bytes | memoryview:
+        def from_position(chunk: bytes | memoryview, index: int) -> bytes | memoryview:
             return memoryview(chunk)[position - index * cache.chunk_size:] if index == first else chunk
 
-        async def chunks() -> AsyncIterator[bytes | memoryview]:
+        async def chunks() -> AsyncGenerator[bytes | memoryview, None]:
             for index in range(first, cache.chunk_count(segment)):
                 try:
                     chunk = await cache.get(segment, index, read_ahead=read_ahead)

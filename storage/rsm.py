@@ -35,7 +35,7 @@ import asyncio
 import base64
 import enum
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -127,7 +127,7 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         """Stream `.log` bytes [start_position, end_position], both inclusive, in chunks.
 
         Errors surface on the first iteration. A caller that stops early should
@@ -181,6 +181,29 @@ class RemoteStorageManager(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    # Whole objects beside the segments, named below the store's key prefix (the remote log
+    # metadata that storage/metadata/bucket.py publishes and reads). A store of segments only
+    # keeps none.
+
+    async def put_object(self, name: str, data: bytes) -> None:
+        """Stores `data` as the object `name`, replacing it whole."""
+        raise self._no_objects()
+
+    async def get_object(self, name: str) -> bytes:
+        """The object `name`; RemoteResourceNotFound when there is none."""
+        raise self._no_objects()
+
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        """Names of the objects starting with `name_prefix`, sorted."""
+        raise self._no_objects()
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        """Removes the objects; missing ones are not an error."""
+        raise self._no_objects()
+
+    def _no_objects(self) -> RemoteStorageError:
+        return RemoteStorageError(f"{type(self).__name__} keeps no objects but segments", retriable=False)
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         """Report each request this manager sends to its store to `observer`, as
@@ -236,7 +259,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     @abc.abstractmethod
     def _open_range(
         self, key: str, first: int, last: int, into: memoryview | None = None
-    ) -> AbstractAsyncContextManager[tuple[int, AsyncIterator[bytes | memoryview]]]:
+    ) -> AbstractAsyncContextManager[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         """Open bytes [first, last] of an object (inclusive, last < its size).
 
         Yields the object's total size and an iterator over the range's chunks;
@@ -314,7 +337,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         if start_position < 0:
             raise ValueError(f"start position {start_position} is negative")
         if end_position is not None and end_position < start_position:
@@ -327,7 +350,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     async def _stream_log(
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None, *, into: memoryview | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         manifest = await self._manifest(metadata)
         entry = _entry(manifest, metadata, ObjectType.LOG)
         size = entry.size
@@ -446,6 +469,25 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         await self._delete([k for k in keys if k.endswith(manifest_suffix)])
         await self._delete([k for k in keys if not k.endswith(manifest_suffix)])
 
+    # -- whole objects beside the segments (the remote log metadata, metadata/bucket.py) --
+
+    def _object_key(self, name: str) -> str:
+        head = self.prefix.strip("/")
+        return f"{head}/{name}" if head else name
+
+    async def put_object(self, name: str, data: bytes) -> None:
+        await self._put_bytes(self._object_key(name), data)
+
+    async def get_object(self, name: str) -> bytes:
+        return await self._get_bytes(self._object_key(name))
+
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        cut = len(self._object_key(name_prefix)) - len(name_prefix)
+        return sorted(key[cut:] for key in await self._list(self._object_key(name_prefix)))
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        await self._delete([self._object_key(name) for name in names])
+
     # -- helpers ----------------------------------------------------------------
 
     def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
@@ -521,8 +563,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         return crc.entry()
 
 
-async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, entry: ObjectEntry, first: int,
-                           start: int, last: int) -> AsyncIterator[bytes | memoryview]:
+async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry, first: int,
+                           start: int, last: int) -> AsyncGenerator[bytes | memoryview, None]:
     """The bytes [start, last] of a read that began at block boundary `first`, each block
     compared with its CRC-32C in the manifest before any of it is passed on.
 
@@ -582,7 +624,7 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
             pending += view
 
 
-async def _fill(buffer: memoryview, stream: AsyncIterator[bytes | memoryview], metadata: RemoteLogSegmentMetadata,
+async def _fill(buffer: memoryview, stream: AsyncGenerator[bytes | memoryview, None], metadata: RemoteLogSegmentMetadata,
                 start: int) -> None:
     """`buffer` filled from `stream`; corrupt data raises CorruptRangeRead telling how much
     of the buffer was filled, checked, before it."""

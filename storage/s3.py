@@ -21,7 +21,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -228,7 +228,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
-        parts = []
+        parts: list[dict[str, Any]] = []
         try:
             try:
                 while part := await asyncio.to_thread(source.take):
@@ -240,7 +240,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     response = await self._call(
                         "upload_part",
                         f"upload part {number} of {where}",
-                        lambda s3, part=part, number=number, part_crc=part_crc: s3.upload_part(
+                        lambda s3: s3.upload_part(  # awaited before the loop moves on
                             Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part,
                             ChecksumAlgorithm="CRC32C", ChecksumCRC32C=part_crc,
                         ),
@@ -287,7 +287,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int,
-                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncGenerator[bytes, None]]]:
         where = self._where(key)
         try:
             response = await self._call(
@@ -311,7 +311,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         finally:
             body.close()
 
-    async def _body_chunks(self, body: Any, where: str) -> AsyncIterator[bytes]:
+    async def _body_chunks(self, body: Any, where: str) -> AsyncGenerator[bytes, None]:
         while True:
             try:
                 chunk = await body.read(self.chunk_bytes)
@@ -350,7 +350,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             response = await self._call(
                 "delete",
                 what,
-                lambda s3, batch=batch: s3.delete_objects(
+                lambda s3: s3.delete_objects(  # awaited before the loop moves on
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 ),
             )
@@ -372,7 +372,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             page = await self._call(
                 "list",
                 f"list s3://{self.bucket}/{key_prefix}",
-                lambda s3, extra=extra: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
+                lambda s3: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
             )
             keys.extend(item["Key"] for item in page.get("Contents", ()))
             if not page.get("IsTruncated"):
@@ -413,7 +413,7 @@ def _recorded_crc32c(response: dict[str, Any]) -> int | None:
     return int.from_bytes(raw, "big") if len(raw) == 4 else None
 
 
-async def _no_chunks() -> AsyncIterator[bytes]:
+async def _no_chunks() -> AsyncGenerator[bytes, None]:
     return
     yield
 

@@ -58,9 +58,10 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.static.primitive import i32, i32Timedelta
 
@@ -90,6 +91,9 @@ from .messages import ClientRequest, InvalidRequest, Response
 from .replica import ReadReplicas
 from .tiered_state import PartitionOffsets, TieredConnectionState, broker_queries
 from tierproxy.config import REMOTE_FETCH_MAX_BYTES
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 log = logging.getLogger("tierproxy.fetch")
 
@@ -180,6 +184,7 @@ class FetchFilter(Filter):
         await self._hold_at_replica_end(request, started, remote, scan.records_size + remote_bytes)
         response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
+            assert entry.answer is not None  # _merge answers every remote partition
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
         return response
 
@@ -264,7 +269,7 @@ class FetchFilter(Filter):
     async def _await_min_bytes(
         self, request: Any, broker_request: Any, client_request: ClientRequest, call_next: CallNext, started: float,
         remote_bytes: int,
-    ) -> tuple[memoryview, ScannedResponse] | None:
+    ) -> tuple[Buffer, ScannedResponse] | None:
         """Ask the broker again, waiting what is left of max_wait_ms for the bytes still
         missing; None when no time is left or its answer needs the remote tier after all
         (the first answer then stands: the client simply fetches again)."""
@@ -359,16 +364,20 @@ class FetchFilter(Filter):
                     out_of_range.append((key, fetch_partition))
         if by_id:
             names = {tp.topic_id: tp.topic for tp in self.tier.rlmm.partitions()}
-            for topic_id, name in names.items():
-                if topic_id not in state.topic_names:
-                    state.learn_topic(name, topic_id)
+            for known_id, known_name in names.items():
+                if known_id not in state.topic_names:
+                    state.learn_topic(known_name, known_id)
         else:
-            await state.known_topic_ids(queries, {key for key, _ in out_of_range})
+            await state.known_topic_ids(queries, {key for key, _ in out_of_range if isinstance(key, str)})
         candidates = []
         replicas: list[_Remote] = []
+        topic_id: uuid.UUID | None
+        name: str | None
         for key, fetch_partition in out_of_range:
-            topic_id = key if by_id else state.topic_ids.get(key)
-            name = state.topic_names.get(key) if by_id else key
+            if isinstance(key, uuid.UUID):  # by_id
+                topic_id, name = key, state.topic_names.get(key)
+            else:
+                topic_id, name = state.topic_ids.get(key), key
             if topic_id is None or name is None:
                 continue  # nothing remote for a topic the metadata does not know
             if name in self.replicas:
@@ -481,7 +490,7 @@ class FetchFilter(Filter):
     # ------------------------------------------------------------------ the response
 
     async def _merge(
-        self, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
+        self, request: Any, payload: Buffer | None, scan: ScannedResponse | None,
         remote: list[_Remote], queries: ClusterQueries, used: int, in_request_order: bool = False,
     ) -> Response:
         """The response in the broker's order (an incremental one names partitions the
@@ -490,9 +499,10 @@ class FetchFilter(Filter):
         by_key = {(e.topic_key, e.request.partition): e for e in remote}
         broker = {}
         if scan is not None:
+            assert payload is not None  # the broker's answer comes with its scan
             view = memoryview(payload)
-            for key, partitions in scan.topics:
-                for partition in partitions:
+            for key, scanned in scan.topics:
+                for partition in scanned:
                     broker[(key, partition.partition_index)] = view[partition.start:partition.end]
         # The remote partitions in the order they were read: the first keeps its one batch.
         budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
@@ -508,13 +518,13 @@ class FetchFilter(Filter):
         for key, indexes in order:
             partitions: list[Any] = []
             for index in indexes:
-                entry = by_key.get((key, index))
-                if entry is None:
+                wanted = by_key.get((key, index))
+                if wanted is None:
                     span = broker.get((key, index))
                     if span is not None:
                         partitions.append(span)
                     continue
-                partitions.append(entry.answer)
+                partitions.append(wanted.answer)
             if partitions:
                 topics.append((key, partitions))
         version = request.__version__
@@ -535,7 +545,7 @@ class FetchFilter(Filter):
         records: list[memoryview] = []
         size = 0
         log_start = -1
-        aborted = None
+        aborted: Sequence[tuple[int, int]] | None = None
         outcome = entry.outcome
         if error is None and outcome is not None:
             if outcome.error is not None:
@@ -585,7 +595,7 @@ def _fetch_response(version: int, parts: list[Any], tagged_fields: Any = _NO_TAG
                             tagged_fields=tagged_fields if version >= FLEXIBLE_VERSION else None)
 
 
-def _as_answered(payload: memoryview, scan: ScannedResponse, version: int) -> Response:
+def _as_answered(payload: Buffer, scan: ScannedResponse, version: int) -> Response:
     """The broker's answer as it came, with what the scan found of its tagged fields."""
     return Response.encoded(ApiKey.FETCH, version, [payload], tagged_fields=scan.tagged_fields)
 
