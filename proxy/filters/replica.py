@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -196,7 +196,7 @@ def _key(topic: Any, by_id: bool) -> Any:
     return topic.topic_id if by_id else topic.name
 
 
-def _refused_partition(entities: dict[str, type], index: int, name: str | None) -> Any:
+def _refused_partition(entities: Mapping[str, type], index: int, name: str | None) -> Any:
     return make_entity(entities["PartitionProduceResponse"], index=index, error_code=ErrorCode.invalid_topic_exception,
                        base_offset=i64(-1), record_errors=(),
                        error_message=f"{name} is a read replica of a remote log: it takes no writes")
