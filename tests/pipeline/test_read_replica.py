@@ -9,8 +9,8 @@ the origin's broker is killed; a consumer at the end sees new segments the origi
 dave's Produce is refused (INVALID_TOPIC_EXCEPTION) and nothing lands on the replica
 cluster; carol gets TOPIC_AUTHORIZATION_FAILED and no bytes.
 
-The remote log metadata backend is one fixture (`metadata`), the origin's writer and the
-replica's reader of the same store.
+The remote log metadata is one fixture (`metadata`): the replica reads the origin pipeline's
+own file store, or (`remote`) what the pipeline publishes into the bucket.
 """
 
 from __future__ import annotations
@@ -55,15 +55,21 @@ pytestmark = pytest.mark.timeout(600)
 PARTITIONS = 2
 PER_PARTITION = 400
 MORE = 50
+STEP_MS = 10
 # Everything below the last stable offset is shipped, and trimmed from the origin's broker.
 TOPIC_SETTINGS = {"segment.ms": 1, "local.retention.ms": 0, "segment.bytes": 16 * 1024}
 
 
-@pytest.fixture(scope="module", params=["file"])
-def metadata(request, tmp_path_factory) -> dict[str, str]:
-    """The remote log metadata store the origin writes and the replica reads."""
-    return {"remote.log.metadata.backend": request.param,
-            "remote.log.metadata.dir": str(tmp_path_factory.mktemp("metadata"))}
+@pytest.fixture(scope="module", params=["file", "remote"])
+def metadata(request, tmp_path_factory) -> tuple[dict[str, str], dict[str, str]]:
+    """The remote log metadata keys of the origin's pipeline, which writes it, and of the
+    replica, which reads it: the pipeline's own store, or what it publishes into the bucket."""
+    origin = {"remote.log.metadata.backend": "file", "remote.log.metadata.dir": str(tmp_path_factory.mktemp("metadata"))}
+    if request.param == "file":
+        return origin, origin
+    return origin, {"remote.log.metadata.backend": "remote",
+                    "remote.log.metadata.dir": str(tmp_path_factory.mktemp("replica-metadata")),
+                    "remote.log.replica.refresh.interval.ms": "1000"}
 
 
 class Origin:
@@ -74,8 +80,11 @@ class Origin:
         self.config = tier_config(root, cluster.bootstrap_servers, topic, topic_settings=TOPIC_SETTINGS, extra=store)
 
     def produce(self, per_partition: int) -> None:
+        # Stamped in the past, so that the pass sees even the last segment as older than segment.ms.
+        first = int(time.time() * 1000) - per_partition * STEP_MS - 1000
         self.records += produce_timed({"bootstrap.servers": self.cluster.bootstrap_servers}, self.topic,
-                                      PARTITIONS, per_partition, value_size=100)
+                                      PARTITIONS, per_partition, value_size=100, base_timestamp_ms=first,
+                                      step_ms=STEP_MS)
         self.records.sort(key=lambda r: (r.partition, r.offset))
 
     def tier(self, spark) -> None:
@@ -85,7 +94,7 @@ class Origin:
 @pytest.fixture(scope="module")
 def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
     topic = f"replicated-{uuid.uuid4().hex[:8]}"
-    store = {**s3_server.storage_properties(topic), **metadata}
+    store = {**s3_server.storage_properties(topic), **metadata[0]}
     with KafkaCluster(1, broker_config=_test_broker_config()) as cluster:
         cluster.create_topic(topic, partitions=PARTITIONS)
         data = Origin(cluster, topic, store, tmp_path_factory.mktemp("origin"))
@@ -95,9 +104,11 @@ def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
 
 
 @pytest.fixture(scope="module")
-def replica_settings(origin, sasl_kafka) -> dict[str, str]:
-    """The replica cluster's side of the configuration (its proxy's and `replica create`'s)."""
-    return {key: value for key, value in origin.config.raw().items() if key.startswith("remote.log.")} | {
+def replica_settings(origin, metadata) -> dict[str, str]:
+    """The replica cluster's side of the configuration (its proxy's and `replica create`'s):
+    the origin's store, read only."""
+    return {key: value for key, value in origin.config.raw().items()
+            if key.startswith("remote.log.storage.")} | metadata[1] | {
         f"topic.{origin.topic}.remote.log.read.replica": "true"}
 
 
