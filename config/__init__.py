@@ -431,6 +431,10 @@ _topic_key("remote.log.copy.disable", bool, "Stop copying this tiered topic (KIP
 _topic_key("remote.log.delete.on.disable", bool, "With remote.storage.enable=false: delete the topic's remote "
            "data and its metadata at the next pass (KIP-950), after which nothing of it is served remotely.",
            default=False)
+_topic_key("remote.log.read.replica", bool, "Serve this topic from the remote tier only, as a read replica of the "
+           "cluster that tiered it: the topic on this cluster is empty (`tierproxy replica create`), Fetch and "
+           "ListOffsets are answered from the remote log, Produce is refused. Not with remote.storage.enable.",
+           default=False)
 _topic_key("local.retention.ms", int, "Local retention; -2 means retention.ms.", Range(-2))
 _topic_key("local.retention.bytes", int, "Local retention bytes; -2 means retention.bytes.", Range(-2))
 _topic_key("retention.ms", int, "Remote retention; -1 keeps forever.", Range(-1))
@@ -586,6 +590,7 @@ class TopicConfig:
     remote_storage_enable: bool
     remote_log_copy_disable: bool
     remote_log_delete_on_disable: bool
+    remote_log_read_replica: bool
     local_retention_ms: int
     local_retention_bytes: int
     retention_ms: int
@@ -636,6 +641,11 @@ class Config:
     def tiered_topics(self) -> list[TopicConfig]:
         return [t for t in self.topics.values() if t.remote_storage_enable]
 
+    @property
+    def read_replica_topics(self) -> list[TopicConfig]:
+        """Topics this cluster serves from another cluster's remote tier only."""
+        return [t for t in self.topics.values() if t.remote_log_read_replica]
+
     def topic(self, name: str) -> TopicConfig:
         """Settings of any topic: its overrides, else the defaults (not tiered)."""
         return self.topics.get(name) or _topic_config(name, {}, self.values)
@@ -666,6 +676,9 @@ def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, 
     for key, default_key in TOPIC_DEFAULTS.items():
         settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
     _check_copy_disable(name, settings)
+    if settings["remote_storage_enable"] and settings["remote_log_read_replica"]:
+        raise ConfigError(f"{_TOPIC_PREFIX}{name}.remote.log.read.replica=true: a read replica serves another "
+                          f"cluster's remote log; it is not tiered itself (remove remote.storage.enable=true)")
     # Kafka's -2: local retention follows the (remote) retention.
     if settings["local_retention_ms"] == -2:
         settings["local_retention_ms"] = settings["retention_ms"]

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(commands)
     _add_serve(commands)
     _add_tier(commands)
+    _add_replica(commands)
     _add_loadtest(commands)
     return parser
 
@@ -153,6 +154,16 @@ def _add_tier(commands) -> None:
     tier.add_argument("--dry-run", action="store_true",
                       help="print what one pass would copy, trim and expire, and change nothing")
     tier.set_defaults(run=_lazy("tierproxy.tier", extra="pipeline"))
+
+
+def _add_replica(commands) -> None:
+    replica = commands.add_parser("replica", help="read replica topics: another cluster's remote log, served here")
+    actions = replica.add_subparsers(dest="replica_command", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="create each topic.<name>.remote.log.read.replica=true topic on "
+                                               "this cluster, empty, with the origin's partition count")
+    _config_arguments(create)
+    _log_level(create, "WARNING")
+    replica.set_defaults(run=_lazy("tierproxy.replica"))
 
 
 def _add_loadtest(commands) -> None:

@@ -49,6 +49,10 @@ without walking it again.
 What needs no I/O (byte budgets, the remote partitions' turns, the second broker
 request, the merged response's order) is decided in `fetch_plan`; this filter asks the
 broker and the remote tier and applies it.
+
+Read replica topics (`replica`) are remote only: their partitions reach the broker at an
+offset beyond any log, so that it answers at once, OFFSET_OUT_OF_RANGE or an
+authorization error, and the remote tier serves them whatever the broker's offsets say.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ from tierproxy.protocol.fetch_wire import (
     scan_fetch_response,
 )
 from .messages import ClientRequest, InvalidRequest, Response
+from .replica import ReadReplicas
 from .tiered_state import PartitionOffsets, TieredConnectionState, broker_queries
 from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 
@@ -116,10 +121,10 @@ class _Remote:
     """One partition the remote tier answers in this request."""
 
     __slots__ = ("topic_key", "request", "tp", "offsets", "remote_log_start", "outcome", "error", "min_one_batch",
-                 "answer")
+                 "answer", "replica")
 
     def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets,
-                 remote_log_start: int | None = None) -> None:
+                 remote_log_start: int | None = None, replica: bool = False) -> None:
         self.topic_key = topic_key
         self.request = request
         self.tp = tp
@@ -130,6 +135,8 @@ class _Remote:
         self.error: ErrorCode | None = None
         self.min_one_batch = False
         self.answer: RemotePartition | None = None
+        #: A read replica partition: its leader epochs and log end are the origin's.
+        self.replica = replica
 
 
 class FetchFilter(Filter):
@@ -138,6 +145,7 @@ class FetchFilter(Filter):
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
         self.remote_max_bytes: int = tier.config[REMOTE_FETCH_MAX_BYTES]
+        self.replicas = ReadReplicas.of(tier)
 
     async def start(self) -> None:
         await self.tier.start()
@@ -152,6 +160,9 @@ class FetchFilter(Filter):
         except DecodeError as e:
             raise InvalidRequest(str(e)) from None
         client_request.structure_checked()  # every length bounded: kio need not walk it again
+        if self.replicas and client_request.api_version >= TOPIC_ID_VERSION:
+            await self.replicas.learn_topic_ids(state, self._queries(ctx, client_request),
+                                                [t.topic_id for t in client_request.body.topics])
         if session == SESSIONLESS and state.proven:
             return await self._sessionless(ctx, client_request, call_next, state)
         return await self._as_sent(ctx, client_request, call_next, state, session)
@@ -165,7 +176,7 @@ class FetchFilter(Filter):
         version = client_request.api_version
         positions = state.fetch_session
         positions.request(*session)
-        payload = (await call_next(client_request)).payload
+        payload = (await call_next(self._replicas_hidden(client_request, state))).payload
         scan = scan_fetch_response(payload, version)
         positions.response(scan)
         if not scan.any_out_of_range:
@@ -184,11 +195,20 @@ class FetchFilter(Filter):
         started = time.monotonic()
         remote_bytes = await self._read(remote, request, scan.records_size, state)
         await self._hold_while_throttled(request, started, scan.records_size + remote_bytes)
+        await self._hold_at_replica_end(request, started, remote, scan.records_size + remote_bytes)
         response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
             assert entry.answer is not None  # _merge answers every remote partition
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
         return response
+
+    def _replicas_hidden(self, client_request: ClientRequest, state: TieredConnectionState) -> ClientRequest:
+        """The request for the broker: replica partitions beyond any log (see replica)."""
+        if not self.replicas:
+            return client_request
+        request = client_request.body
+        hidden = self.replicas.hide_from_broker(request, client_request.api_version >= TOPIC_ID_VERSION, state)
+        return client_request if hidden is request else client_request.replaced(hidden)
 
     def _queries(self, ctx: ConnectionContext, client_request: ClientRequest) -> ClusterQueries:
         return broker_queries(ctx, client_request.header.client_id, self.tier.metrics)
@@ -213,6 +233,8 @@ class FetchFilter(Filter):
             # Kafka answers once min_bytes are there: the remote part may already be
             # enough, so the broker is asked not to wait (see _await_min_bytes).
             broker_request = dataclasses.replace(broker_request, max_wait=_NO_WAIT)
+        if broker_request is not None and self.replicas:
+            broker_request = self.replicas.hide_from_broker(broker_request, by_id, state)
 
         scan = None
         payload = None
@@ -233,6 +255,7 @@ class FetchFilter(Filter):
                 used = scan.records_size
         elif broker_request is None:
             await self._hold_while_throttled(request, started, remote_bytes)
+        await self._hold_at_replica_end(request, started, remote, used + remote_bytes)
         return await self._merge(request, payload, scan, remote, queries, used, in_request_order=True)
 
     async def _hold_while_throttled(self, request: Any, started: float, available: int) -> None:
@@ -245,6 +268,17 @@ class FetchFilter(Filter):
         left = request.max_wait.total_seconds() - (time.monotonic() - started)
         if left > 0:
             await asyncio.sleep(min(throttle, left))
+
+    @staticmethod
+    async def _hold_at_replica_end(request: Any, started: float, remote: list[_Remote], available: int) -> None:
+        """The broker answers a replica partition at once, so with nothing to answer the
+        Fetch waits what is left of its max_wait_ms here, as a broker parks a fetch at the
+        log end: a consumer at the end of a replica does not spin."""
+        if available or not any(entry.replica for entry in remote):
+            return
+        left = request.max_wait.total_seconds() - (time.monotonic() - started)
+        if left > 0:
+            await asyncio.sleep(left)
 
     async def _await_min_bytes(
         self, request: Any, broker_request: Any, client_request: ClientRequest, call_next: CallNext, started: float,
@@ -281,9 +315,14 @@ class FetchFilter(Filter):
                 if not proven_below(offsets, partition.fetch_offset):
                     continue
                 key = (topic.topic_id if by_id else topic.topic, partition.partition)
-                direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition),
-                                      offsets)
+                direct[key] = _Remote(key[0], partition, self._tier_partition(topic_id, name, partition.partition),
+                                      offsets, replica=name in self.replicas)
         return direct
+
+    def _tier_partition(self, topic_id: Any, name: str, partition: int) -> TopicIdPartition:
+        """The partition in the remote log metadata: a read replica's is the origin's."""
+        origin = self.replicas.origin_partition(name, partition) if name in self.replicas else None
+        return origin if origin is not None else TopicIdPartition(topic_id, name, partition)
 
     @staticmethod
     def _name(topic: Any, by_id: bool, state: TieredConnectionState) -> str | None:
@@ -335,6 +374,7 @@ class FetchFilter(Filter):
         else:
             await state.known_topic_ids(queries, {key for key, _ in out_of_range if isinstance(key, str)})
         candidates = []
+        replicas: list[_Remote] = []
         topic_id: uuid.UUID | None
         name: str | None
         for key, fetch_partition in out_of_range:
@@ -344,6 +384,11 @@ class FetchFilter(Filter):
                 topic_id, name = state.topic_ids.get(key), key
             if topic_id is None or name is None:
                 continue  # nothing remote for a topic the metadata does not know
+            if name in self.replicas:
+                replica = self._replica_partition(key, fetch_partition, topic_id, name, state)
+                if replica is not None:
+                    replicas.append(replica)
+                continue
             tp = TopicIdPartition(topic_id, name, fetch_partition.partition)
             try:
                 remote_start = self.tier.remote_log_start(tp)
@@ -365,7 +410,27 @@ class FetchFilter(Filter):
                 state.proven.pop((tp.topic_id, tp.partition), None)
                 continue  # above the log end, or the broker refuses: its answer stands
             remote.append(_Remote(key, fetch_partition, tp, offsets, remote_start))
-        return remote
+        return remote + replicas
+
+    def _replica_partition(
+        self, key: Any, fetch_partition: Any, topic_id: Any, name: str, state: TieredConnectionState
+    ) -> _Remote | None:
+        """A read replica partition the broker answered OFFSET_OUT_OF_RANGE (the proof): the
+        remote tier answers it whatever the broker's offsets say; None when the offset is
+        outside the remote log too (the broker's OFFSET_OUT_OF_RANGE stands)."""
+        tp = self._tier_partition(topic_id, name, fetch_partition.partition)
+        try:
+            offsets = self.replicas.offsets(tp)
+            log_start = self.replicas.log_start(tp)
+        except MetadataNotReady as e:
+            entry = _Remote(key, fetch_partition, tp, PartitionOffsets(-1, -1, -1), replica=True)
+            entry.error = self.tier.error_code_for(tp, e, "FETCH")
+            return entry
+        if not log_start <= fetch_partition.fetch_offset <= offsets.high_watermark:
+            state.proven.pop((topic_id, fetch_partition.partition), None)
+            return None
+        state.proven[(topic_id, fetch_partition.partition)] = offsets
+        return _Remote(key, fetch_partition, tp, offsets, log_start, replica=True)
 
     # ------------------------------------------------------------------ reading
 
@@ -384,6 +449,8 @@ class FetchFilter(Filter):
             return 0
 
         async def read(entry: _Remote) -> None:
+            if entry.replica and entry.request.fetch_offset >= entry.offsets.high_watermark:
+                return  # at the log end: nothing yet, and no error
             remote_start = entry.remote_log_start
             if remote_start is None:
                 try:
@@ -399,7 +466,8 @@ class FetchFilter(Filter):
                 entry.request.fetch_offset,
                 min(entry.request.partition_max_bytes, budget),
                 min_one_batch=entry.min_one_batch,
-                leader_epoch=getattr(entry.request, "current_leader_epoch", -1),
+                # This cluster's leader epochs say nothing of the origin's remote log.
+                leader_epoch=-1 if entry.replica else getattr(entry.request, "current_leader_epoch", -1),
                 isolation_level=request.isolation_level,
                 log_start_offset=remote_start,
             )
@@ -490,7 +558,7 @@ class FetchFilter(Filter):
     ) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions in what is served."""
         found = {(t.producer_id, t.first_offset) for t in result.aborted_transactions or ()}
-        if not result.aborted_transactions_complete:
+        if not result.aborted_transactions_complete and not entry.replica:  # a replica has no local log
             # An ABORT marker of a transaction served here may be in the local log.
             last_served = result.next_fetch_offset - 1
             local = await queries.aborted_transactions(entry.tp.topic, entry.tp.partition,

@@ -9,6 +9,11 @@
 | -5 LATEST_TIERED_TIMESTAMP (v9+) | the highest remote offset, -1 when nothing is remote |
 | >= 0 | the first remote record at or after it when the remote log has one, else the broker's |
 
+A read replica topic (`replica`) is all remote: its log end (-1, and -4 since nothing is
+local) is the remote end offset + 1, its log start (-2) the remote log start, -3, -5 and
+timestamps are the remote log's, leader epochs -1 (the origin's mean nothing to this
+cluster), whatever the broker says of the empty topic.
+
 Every partition still goes to the broker (on the client's connection) so that its
 authorization and errors apply; -5 is sent as -2 for that. A special timestamp below
 its minimum version gets UNSUPPORTED_VERSION for that partition, as Kafka does. The
@@ -21,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -37,6 +43,7 @@ from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
 from .messages import ClientRequest, Response
+from .replica import ReadReplicas
 from .tiered_state import broker_queries
 
 log = logging.getLogger("tierproxy.list_offsets")
@@ -51,6 +58,7 @@ class ListOffsetsFilter(Filter):
 
     def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
+        self.replicas = ReadReplicas.of(tier)
 
     def advertised_versions(self, api_key: int, broker_min: int, broker_max: int) -> tuple[int, int]:
         versions = self.apis[api_key]
@@ -81,7 +89,7 @@ class ListOffsetsFilter(Filter):
         remote_names = {tp.topic for tp in self.tier.rlmm.partitions()}
         needs_remote = any(
             name in remote_names and spec != OffsetSpec.LATEST for (name, _), spec in asked.items()
-        )
+        ) or any(name in self.replicas for name, _ in asked)
         if not unsupported and not needs_remote and send_version == version and not _translated(asked, send_version):
             return await call_next(client_request)  # nothing for the proxy to add
 
@@ -91,9 +99,10 @@ class ListOffsetsFilter(Filter):
             response = (await call_next(client_request.replaced(forwarded))).body
             answers = {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
         topic_ids: dict[str, Any] = {}
-        if needs_remote:
+        tiered_names = {name for name, _ in asked if name in remote_names and name not in self.replicas}
+        if needs_remote and tiered_names:
             queries = broker_queries(ctx, client_request.header.client_id, self.tier.metrics)
-            topic_ids = await ctx.tiered.known_topic_ids(queries, {name for name, _ in asked if name in remote_names})
+            topic_ids = await ctx.tiered.known_topic_ids(queries, tiered_names)
 
         schema = response_schema(ApiKey.LIST_OFFSETS, version)
         entities = nested_entities(schema)
@@ -122,6 +131,9 @@ class ListOffsetsFilter(Filter):
                       leader_epoch=getattr(broker, "leader_epoch", -1))
         if broker.error_code != ErrorCode.none:
             return answer
+        if key[0] in self.replicas:
+            tp = self.replicas.origin_partition(*key)
+            return await self._guarded(tp or TopicIdPartition(topic_id, *key), self._replica(tp, spec, answer))
         if spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
             answer["timestamp"] = -1
         if spec == OffsetSpec.LATEST or spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
@@ -131,29 +143,56 @@ class ListOffsetsFilter(Filter):
             if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
                 answer.update(timestamp=-1, offset=-1, leader_epoch=-1)
             return answer
-        engine = self.tier.engine
+        return await self._guarded(tp, self._tiered(tp, spec, answer, broker))
+
+    async def _guarded(self, tp: TopicIdPartition, lookup: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """The answer of a remote lookup, or the error code a failed one stands for."""
         try:
-            if spec == OffsetSpec.EARLIEST:
-                remote = _value(await engine.earliest_remote_offset(tp))
-                if remote is not None and remote.offset < broker.offset:
-                    answer.update(timestamp=-1, offset=remote.offset, leader_epoch=remote.leader_epoch)
-            elif spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
-                remote = _value(await engine.latest_tiered_offset(tp))
-                answer.update(timestamp=-1, offset=remote.offset if remote else -1,
-                              leader_epoch=remote.leader_epoch if remote else -1)
-            elif spec == OffsetSpec.MAX_TIMESTAMP:
-                found = _value(await engine.max_timestamp(tp))
-                if found is not None and found.timestamp > broker.timestamp:
-                    answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
-            elif spec >= 0:
-                found = _value(await engine.offset_for_timestamp(tp, spec))
-                if found is not None and (broker.offset < 0 or found.offset < broker.offset):
-                    answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
+            return await lookup
         except (MetadataNotReady, RemoteStorageError) as e:
-            answer = dict(error_code=self.tier.error_code_for(tp, e, "LIST_OFFSETS"))
+            return dict(error_code=self.tier.error_code_for(tp, e, "LIST_OFFSETS"))
         except _Expired:
-            answer = dict(error_code=ErrorCode.request_timed_out)  # remote.list.offsets.request.timeout.ms
             self.tier.metrics.partition_error("LIST_OFFSETS", ErrorCode.request_timed_out)
+            return dict(error_code=ErrorCode.request_timed_out)  # remote.list.offsets.request.timeout.ms
+
+    async def _replica(self, tp: TopicIdPartition | None, spec: int, answer: dict[str, Any]) -> dict[str, Any]:
+        """A read replica partition's answer, from the remote log alone."""
+        answer.update(leader_epoch=-1)
+        log_end = self.replicas.offsets(tp).high_watermark
+        found = None
+        if spec in (OffsetSpec.LATEST, OffsetSpec.EARLIEST_LOCAL_TIMESTAMP):
+            return {**answer, "timestamp": -1, "offset": log_end}
+        if spec == OffsetSpec.EARLIEST:
+            return {**answer, "timestamp": -1, "offset": self.replicas.log_start(tp)}
+        if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
+            return {**answer, "timestamp": -1, "offset": log_end - 1 if log_end else -1}
+        if tp is not None and spec == OffsetSpec.MAX_TIMESTAMP:
+            found = _value(await self.tier.engine.max_timestamp(tp))
+        elif tp is not None and spec >= 0:
+            found = _value(await self.tier.engine.offset_for_timestamp(tp, spec))
+        if found is None:  # Kafka's answer for no such record
+            return {**answer, "timestamp": -1, "offset": -1}
+        return {**answer, "timestamp": found.timestamp, "offset": found.offset}
+
+    async def _tiered(self, tp: TopicIdPartition, spec: int, answer: dict[str, Any], broker: Any) -> dict[str, Any]:
+        """A tiered partition's answer: the broker's, or the remote log's where it goes further."""
+        engine = self.tier.engine
+        if spec == OffsetSpec.EARLIEST:
+            remote = _value(await engine.earliest_remote_offset(tp))
+            if remote is not None and remote.offset < broker.offset:
+                answer.update(timestamp=-1, offset=remote.offset, leader_epoch=remote.leader_epoch)
+        elif spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
+            remote = _value(await engine.latest_tiered_offset(tp))
+            answer.update(timestamp=-1, offset=remote.offset if remote else -1,
+                          leader_epoch=remote.leader_epoch if remote else -1)
+        elif spec == OffsetSpec.MAX_TIMESTAMP:
+            found = _value(await engine.max_timestamp(tp))
+            if found is not None and found.timestamp > broker.timestamp:
+                answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
+        elif spec >= 0:
+            found = _value(await engine.offset_for_timestamp(tp, spec))
+            if found is not None and (broker.offset < 0 or found.offset < broker.offset):
+                answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
         return answer
 
 

@@ -65,6 +65,8 @@ class TieredConnectionState:
     #: response: the next one gives its first remote partition a whole batch all the same
     remote_starved: bool = False
     fetch_session: FetchSessionPositions = field(default_factory=FetchSessionPositions)
+    #: when the broker was last asked for the read replica topics' ids (see filters.replica)
+    replica_ids_asked_at: float = float("-inf")
 
     def learn_topic(self, name: str, topic_id: uuid.UUID) -> None:
         self.topic_ids[name] = topic_id

@@ -88,6 +88,15 @@ def test_kip_950_topic_keys_and_kafkas_rule_for_copy_disable():
     assert parse({**BASE, "topic.o.remote.log.delete.on.disable": "true"}).topic("o").remote_log_delete_on_disable
 
 
+def test_read_replica_topics_are_not_tiered_here():
+    config = parse({**BASE, "topic.o.remote.log.read.replica": "true", "topic.p.remote.storage.enable": "true"})
+    assert [t.name for t in config.read_replica_topics] == ["o"]
+    assert [t.name for t in config.tiered_topics] == ["p"]
+    with pytest.raises(ConfigError, match=r"topic\.o\.remote\.log\.read\.replica=true: a read replica serves another "
+                                          r"cluster's remote log; it is not tiered itself"):
+        parse({**BASE, "topic.o.remote.log.read.replica": "true", "topic.o.remote.storage.enable": "true"})
+
+
 def test_host_port_lists_kafka_accepts():
     config = parse({"bootstrap.servers": "a:9092, [::1]:9093,10.0.0.1:1"})
     assert config["bootstrap.servers"] == ("a:9092", "[::1]:9093", "10.0.0.1:1")

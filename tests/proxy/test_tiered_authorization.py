@@ -10,7 +10,6 @@ TOPIC_AUTHORIZATION_FAILED and never a remote byte.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,26 +19,21 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import TopicAuthorizationFailedError
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import (
-    AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
     ResourcePatternType,
     ResourceType,
 )
-from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.list_offsets.v9 import request as list_offsets9
-from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
-from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
-from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.primitive import i8, i32, i64
 
 from tierproxy.proxy.filters.tiered_state import OFFSETS_MAX_AGE_S
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.client.connection import KafkaConnection
-from tierproxy.config.addresses import parse_host_port
 from testbed.fixtures import SASL_USERS
-from testbed.kafka import KafkaCluster
+from tests.helpers.acl import authenticated, fetch_at, grant
 from tests.helpers.consume import consume_aiokafka, consume_confluent, expected_by_partition, in_partition_order
 from tests.helpers.consume import record_keys
 from tests.helpers.proxy import ProxyThread
@@ -51,22 +45,14 @@ SPEC = TopicSpec(Timed(PER_PARTITION), partitions=PARTITIONS)
 pytestmark = pytest.mark.timeout(240)
 
 
-def _grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str,
-           *operations: AclOperation) -> None:
-    bindings = [AclBinding(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", "*", op,
-                           AclPermissionType.ALLOW) for op in operations]
-    for future in cluster.admin().create_acls(bindings, request_timeout=30).values():
-        future.result(30)
-
-
 @pytest.fixture(scope="module")
 def tiered(sasl_kafka, own_tiered_topics) -> TieredTopic:
     """Tiered through the cluster's PLAINTEXT inter-broker listener; the tests change its ACLs."""
     data = own_tiered_topics(SPEC, sasl_kafka)
-    _grant(sasl_kafka, "alice", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "carol", ResourceType.TOPIC, data.topic, AclOperation.DESCRIBE)
-    _grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
+    grant(sasl_kafka, "alice", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.TOPIC, data.topic, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
     assert all(data.boundary[p] > 0 for p in range(PARTITIONS))
     return data
 
@@ -155,33 +141,16 @@ def test_describe_only_confluent_gets_topic_authorization_failed(proxy, tiered):
     assert _remote_reads(proxy, data.topic) == before
 
 
-async def _authenticated(address: str, user: str) -> KafkaConnection:
-    conn = await KafkaConnection.open(*parse_host_port(address))
-    handshake = await conn.request(SaslHandshakeRequest(mechanism="PLAIN"))
-    assert handshake.error_code == ErrorCode.none, handshake
-    answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{SASL_USERS[user]}".encode()))
-    assert answer.error_code == ErrorCode.none, answer
-    return conn
-
-
-def _fetch_at(topic: str, offset: int) -> fetch12.FetchRequest:
-    partition = fetch12.FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20))
-    return fetch12.FetchRequest(max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
-                                min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
-                                topics=(fetch12.FetchTopic(topic=topic, partitions=(partition,)),),
-                                forgotten_topics_data=())
-
-
 async def test_raw_fetch_of_a_remote_offset_per_principal(proxy, tiered):
     """The same Fetch of offset 0 (remote only), on connections authenticated as alice and
     as carol: remote bytes for alice, TOPIC_AUTHORIZATION_FAILED and no bytes for carol,
     also when asked again after alice's connection proved the offset remote."""
     data = tiered
     for user in ("carol", "alice", "carol"):
-        conn = await _authenticated(proxy.bootstrap_servers, user)
+        conn = await authenticated(proxy.bootstrap_servers, user)
         try:
             for _ in range(2):  # the second fetch on a connection may skip the broker
-                response = await conn.request(_fetch_at(data.topic, 0))
+                response = await conn.request(fetch_at(data.topic, 0))
                 (answer,) = response.responses[0].partitions
                 if user == "alice":
                     assert answer.error_code == ErrorCode.none
@@ -201,7 +170,7 @@ async def test_list_offsets_of_the_remote_part_is_the_brokers_to_refuse(proxy, t
     specs = {OffsetSpec.EARLIEST: 0, OffsetSpec.LATEST_TIERED_TIMESTAMP: data.boundary[0] - 1,
              first_remote.timestamp_ms: first_remote.offset}
     for user in ("carol", "bob"):
-        conn = await _authenticated(proxy.bootstrap_servers, user)
+        conn = await authenticated(proxy.bootstrap_servers, user)
         try:
             for spec, offset in specs.items():
                 partition = list_offsets9.ListOffsetsPartition(partition_index=i32(0), timestamp=i64(spec))
@@ -223,12 +192,12 @@ async def test_read_permission_taken_away_applies_to_a_proven_connection(sasl_ka
     Once the broker refuses him, the proxy must not keep serving him remote bytes on the
     connection it proved earlier."""
     data = tiered
-    _grant(sasl_kafka, "dave", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
-    proxied = await _authenticated(proxy.bootstrap_servers, "dave")
-    direct = await _authenticated(sasl_kafka.bootstrap_servers, "dave")
+    grant(sasl_kafka, "dave", ResourceType.TOPIC, data.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    proxied = await authenticated(proxy.bootstrap_servers, "dave")
+    direct = await authenticated(sasl_kafka.bootstrap_servers, "dave")
     try:
         async def error_of(conn: KafkaConnection) -> int:
-            (answer,) = (await conn.request(_fetch_at(data.topic, 0))).responses[0].partitions
+            (answer,) = (await conn.request(fetch_at(data.topic, 0))).responses[0].partitions
             assert answer.error_code != ErrorCode.none or next(iter_batches(answer.records)).base_offset == 0
             return answer.error_code
 

@@ -1,0 +1,44 @@
+"""A SASL/PLAIN cluster with Kafka's StandardAuthorizer (testbed's `sasl_kafka`) in a test:
+ACLs granted to its users, and raw connections authenticated as one of them."""
+
+from __future__ import annotations
+
+import datetime
+
+from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from testbed.fixtures import SASL_USERS
+from testbed.kafka import KafkaCluster
+from tierproxy.client.connection import KafkaConnection
+from tierproxy.config.addresses import parse_host_port
+from tierproxy.protocol.apis import ErrorCode
+
+
+def grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str, *operations: AclOperation) -> None:
+    bindings = [AclBinding(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", "*", op,
+                           AclPermissionType.ALLOW) for op in operations]
+    for future in cluster.admin().create_acls(bindings, request_timeout=30).values():
+        future.result(30)
+
+
+async def authenticated(address: str, user: str) -> KafkaConnection:
+    """A connection to `address` logged in as `user` (SASL/PLAIN)."""
+    conn = await KafkaConnection.open(*parse_host_port(address))
+    handshake = await conn.request(SaslHandshakeRequest(mechanism="PLAIN"))
+    assert handshake.error_code == ErrorCode.none, handshake
+    answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{SASL_USERS[user]}".encode()))
+    assert answer.error_code == ErrorCode.none, answer
+    return conn
+
+
+def fetch_at(topic: str, offset: int) -> fetch12.FetchRequest:
+    """A Fetch v12 (by name, no session) of partition 0 of `topic` from `offset`."""
+    partition = fetch12.FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20))
+    return fetch12.FetchRequest(max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
+                                min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
+                                topics=(fetch12.FetchTopic(topic=topic, partitions=(partition,)),),
+                                forgotten_topics_data=())

@@ -1,0 +1,368 @@
+"""A read replica: a topic tiered by the pipeline on one cluster (the origin) and served by
+a proxy in front of another cluster (the replica, SASL with Kafka's StandardAuthorizer),
+both on one S3 bucket.
+
+`tierproxy replica create` made the topic on the replica cluster, empty, with the origin's
+partition count. alice may read it, carol only describe it, dave write it. alice replays
+it exactly from offset 0 with the origin running and again, in a consumer group, after
+the origin's broker is killed; a consumer at the end sees new segments the origin tiers;
+dave's Produce is refused (INVALID_TOPIC_EXCEPTION) and nothing lands on the replica
+cluster; carol gets TOPIC_AUTHORIZATION_FAILED and no bytes.
+
+The remote log metadata is one fixture (`metadata`): the replica reads the origin pipeline's
+own file store, or (`remote`) what the pipeline publishes into the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
+from kio.schema.fetch.v13 import request as fetch13
+from kio.schema.list_offsets.v9 import request as list_offsets9
+from kio.schema.produce.v9 import request as produce9
+from confluent_kafka.admin import AclOperation, ResourceType
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
+
+from testbed.fixtures import SASL_USERS, _test_broker_config
+from testbed.kafka import KafkaCluster
+from tierproxy.cli import main
+from tierproxy.client.cluster import Cluster
+from tierproxy.protocol.apis import ErrorCode, OffsetSpec
+from tierproxy.protocol.records import iter_batches
+from tierproxy.pipeline.tier import run_pass
+from tests.helpers.acl import authenticated, fetch_at, grant
+from tests.helpers.batches import batch
+from tests.helpers.commands import write_properties
+from tests.helpers.consume import record_keys
+from tests.helpers.pipeline import assert_clean, tier_config
+from tests.helpers.produce import ProducedRecord, produce_timed
+from tests.helpers.proxy import ProxyThread, proxy_config, running
+from tests.helpers.tiered import plaintext_bootstrap
+
+pytestmark = pytest.mark.timeout(600)
+
+PARTITIONS = 2
+PER_PARTITION = 400
+MORE = 50
+STEP_MS = 10
+# Everything below the last stable offset is shipped, and trimmed from the origin's broker.
+TOPIC_SETTINGS = {"segment.ms": 1, "local.retention.ms": 0, "segment.bytes": 16 * 1024}
+
+
+@pytest.fixture(scope="module", params=["file", "remote"])
+def metadata(request, tmp_path_factory) -> tuple[dict[str, str], dict[str, str]]:
+    """The remote log metadata keys of the origin's pipeline, which writes it, and of the
+    replica, which reads it: the pipeline's own store, or what it publishes into the bucket."""
+    origin = {"remote.log.metadata.backend": "file", "remote.log.metadata.dir": str(tmp_path_factory.mktemp("metadata"))}
+    if request.param == "file":
+        return origin, origin
+    return origin, {"remote.log.metadata.backend": "remote",
+                    "remote.log.metadata.dir": str(tmp_path_factory.mktemp("replica-metadata")),
+                    "remote.log.replica.refresh.interval.ms": "1000"}
+
+
+class Origin:
+    def __init__(self, cluster: KafkaCluster, topic: str, store: dict[str, str], root: Path) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.records: list[ProducedRecord] = []
+        self.config = tier_config(root, cluster.bootstrap_servers, topic, topic_settings=TOPIC_SETTINGS, extra=store)
+
+    def produce(self, per_partition: int) -> None:
+        # Stamped in the past, so that the pass sees even the last segment as older than segment.ms.
+        first = int(time.time() * 1000) - per_partition * STEP_MS - 1000
+        self.records += produce_timed({"bootstrap.servers": self.cluster.bootstrap_servers}, self.topic,
+                                      PARTITIONS, per_partition, value_size=100, base_timestamp_ms=first,
+                                      step_ms=STEP_MS)
+        self.records.sort(key=lambda r: (r.partition, r.offset))
+
+    def tier(self, spark) -> None:
+        assert_clean(run_pass(self.config, spark))
+
+
+@pytest.fixture(scope="module")
+def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
+    topic = f"replicated-{uuid.uuid4().hex[:8]}"
+    store = {**s3_server.storage_properties(topic), **metadata[0]}
+    with KafkaCluster(1, broker_config=_test_broker_config()) as cluster:
+        cluster.create_topic(topic, partitions=PARTITIONS)
+        data = Origin(cluster, topic, store, tmp_path_factory.mktemp("origin"))
+        data.produce(PER_PARTITION)
+        data.tier(spark)
+        yield data
+
+
+@pytest.fixture(scope="module")
+def replica_settings(origin, metadata) -> dict[str, str]:
+    """The replica cluster's side of the configuration (its proxy's and `replica create`'s):
+    the origin's store, read only."""
+    return {key: value for key, value in origin.config.raw().items()
+            if key.startswith("remote.log.storage.")} | metadata[1] | {
+        f"topic.{origin.topic}.remote.log.read.replica": "true"}
+
+
+@pytest.fixture(scope="module")
+def replica_file(replica_settings, sasl_kafka, tmp_path_factory) -> Path:
+    """`tierproxy replica create`'s file: tierproxy's own connections use the cluster's
+    PLAINTEXT inter-broker listener (a super user)."""
+    return write_properties(tmp_path_factory.mktemp("replica") / "replica.properties",
+                            {**replica_settings, "bootstrap.servers": plaintext_bootstrap(sasl_kafka)})
+
+
+@pytest.fixture(scope="module")
+def replica(origin, sasl_kafka, replica_settings, replica_file) -> Iterator[ProxyThread]:
+    assert main(["replica", "create", "--config", str(replica_file)]) == 0
+    grant(sasl_kafka, "alice", ResourceType.TOPIC, origin.topic, AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "alice", ResourceType.GROUP, "*", AclOperation.READ, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.TOPIC, origin.topic, AclOperation.DESCRIBE)
+    grant(sasl_kafka, "carol", ResourceType.GROUP, "*", AclOperation.READ)
+    grant(sasl_kafka, "dave", ResourceType.TOPIC, origin.topic, AclOperation.WRITE, AclOperation.DESCRIBE)
+    try:
+        with running(proxy_config(sasl_kafka.bootstrap_servers, len(sasl_kafka.brokers), **replica_settings)) as proxy:
+            yield proxy
+    finally:
+        sasl_kafka.delete_topic(origin.topic)
+
+
+def _sasl(user: str) -> dict[str, str]:
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": user,
+            "sasl_plain_password": SASL_USERS[user]}
+
+
+async def _replay(proxy: ProxyThread, topic: str, count: int, **options) -> list[tuple]:
+    """alice's records from offset 0, until `count` or 60 s, sorted by (partition, offset)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap_servers, auto_offset_reset="earliest",
+                                enable_auto_commit=False, **_sasl("alice"), **options)
+    await consumer.start()
+    records = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(records) < count and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+        if "group_id" in options:
+            await consumer.commit()
+            committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in range(PARTITIONS)}
+            assert committed == {p: sum(1 for r in records if r.partition == p) for p in range(PARTITIONS)}
+    finally:
+        await consumer.stop()
+    return sorted(record_keys(records), key=lambda k: (k[0], k[1]))
+
+
+async def _replica_end_offsets(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    """The replica cluster's own log end offsets of the topic, asked of its broker directly."""
+    async with Cluster(plaintext_bootstrap(cluster).split(",")) as admin:
+        topics = await admin.topics([topic])
+        answers = await admin.list_offsets(topics, [(topic, p) for p in range(PARTITIONS)], OffsetSpec.LATEST)
+    return {p: answers[(topic, p)].offset for p in range(PARTITIONS)}
+
+
+def _remote_reads(proxy: ProxyThread, topic: str) -> float:
+    return proxy.metrics.value("tierproxy_remote_read_requests_total", {"topic": topic})
+
+
+async def test_replica_create_made_the_topic_empty_with_the_origins_partitions(origin, replica, sasl_kafka,
+                                                                               replica_file):
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+    # Again: nothing to do.
+    assert await asyncio.to_thread(main, ["replica", "create", "--config", str(replica_file)]) == 0
+
+
+async def test_replica_create_refuses_a_topic_with_another_partition_count(origin, replica_settings, kafka_cluster,
+                                                                          tmp_path, capsys):
+    """On a cluster where the topic exists with one partition, not the origin's two."""
+    kafka_cluster.create_topic(origin.topic, partitions=1)
+    try:
+        path = write_properties(tmp_path / "wrong.properties",
+                                {**replica_settings, "bootstrap.servers": kafka_cluster.bootstrap_servers})
+        assert await asyncio.to_thread(main, ["replica", "create", "--config", str(path)]) == 1
+    finally:
+        kafka_cluster.delete_topic(origin.topic)
+    assert f"{origin.topic} exists on this cluster with 1 partitions; its remote log has {PARTITIONS}" in \
+        capsys.readouterr().err
+
+
+async def test_alice_replays_the_topic_exactly_with_offsets_from_the_remote_log(origin, replica):
+    assert await _replay(replica, origin.topic, len(origin.records)) == record_keys(origin.records)
+    assert _remote_reads(replica, origin.topic) > 0
+    consumer = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, **_sasl("alice"))
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(origin.topic, p) for p in range(PARTITIONS)]
+        ends = {tp.partition: offset for tp, offset in (await consumer.end_offsets(partitions)).items()}
+        starts = {tp.partition: offset for tp, offset in (await consumer.beginning_offsets(partitions)).items()}
+        middle = origin.records[PER_PARTITION // 2]
+        by_time = await consumer.offsets_for_times({TopicPartition(origin.topic, middle.partition):
+                                                    middle.timestamp_ms})
+    finally:
+        await consumer.stop()
+    assert ends == {p: sum(1 for r in origin.records if r.partition == p) for p in range(PARTITIONS)}
+    assert starts == {p: 0 for p in range(PARTITIONS)}
+    (found,) = by_time.values()
+    first = min(r.offset for r in origin.records
+                if r.partition == middle.partition and r.timestamp_ms >= middle.timestamp_ms)
+    assert found.offset == first
+
+
+async def test_produce_to_the_replica_is_refused_and_never_lands(origin, replica, sasl_kafka):
+    producer = AIOKafkaProducer(bootstrap_servers=replica.bootstrap_servers, **_sasl("dave"))
+    await producer.start()
+    try:
+        with pytest.raises(InvalidTopicError):
+            await producer.send_and_wait(origin.topic, b"never", partition=0)
+    finally:
+        await producer.stop()
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+async def test_a_produce_with_another_topic_too_writes_only_that_one(origin, replica, sasl_kafka):
+    """One Produce request for the replica topic and an ordinary one: the ordinary topic's
+    partition is written, the replica's refused with a message saying why."""
+    other = f"ordinary-{uuid.uuid4().hex[:8]}"
+    sasl_kafka.create_topic(other)
+    grant(sasl_kafka, "dave", ResourceType.TOPIC, other, AclOperation.WRITE, AclOperation.DESCRIBE)
+    conn = await authenticated(replica.bootstrap_servers, "dave")
+    try:
+        response = await conn.request(produce9.ProduceRequest(
+            transactional_id=None, acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+            topic_data=tuple(produce9.TopicProduceData(name=name, partition_data=(produce9.PartitionProduceData(
+                index=i32(0), records=batch(0, 3)),)) for name in (origin.topic, other))))
+    finally:
+        await conn.close()
+        sasl_kafka.delete_topic(other)
+    answers = {t.name: t.partition_responses[0] for t in response.responses}
+    assert answers[other].error_code == ErrorCode.none
+    assert answers[origin.topic].error_code == ErrorCode.invalid_topic_exception
+    assert answers[origin.topic].error_message == f"{origin.topic} is a read replica of a remote log: it takes no writes"
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(origin, replica):
+    before = _remote_reads(replica, origin.topic)
+    consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **_sasl("carol"))
+    records = []
+    with pytest.raises(TopicAuthorizationFailedError):
+        try:
+            await consumer.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=300)).values():
+                    records.extend(batch)
+        finally:
+            await consumer.stop()
+    assert records == []
+    assert _remote_reads(replica, origin.topic) == before
+
+
+async def test_raw_fetch_of_offset_0_per_principal_by_name_and_by_topic_id(origin, replica, sasl_kafka):
+    """Remote bytes for alice, TOPIC_AUTHORIZATION_FAILED and none for carol, also after
+    alice's connection proved the partition (the second fetch may skip the broker); by
+    topic id (v13+) the id is the replica cluster's."""
+    async with Cluster(plaintext_bootstrap(sasl_kafka).split(",")) as admin:
+        topic_id = (await admin.topics([origin.topic]))[origin.topic].topic_id
+    by_id = fetch13.FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)), min_bytes=i32(1), max_bytes=i32(1 << 20),
+        isolation_level=i8(0), topics=(fetch13.FetchTopic(topic_id=topic_id, partitions=(fetch13.FetchPartition(
+            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),),
+        forgotten_topics_data=())
+    for user in ("carol", "alice", "carol"):
+        conn = await authenticated(replica.bootstrap_servers, user)
+        try:
+            for request in (fetch_at(origin.topic, 0), fetch_at(origin.topic, 0), by_id, by_id):
+                response = await conn.request(request)
+                (answer,) = response.responses[0].partitions
+                if user == "alice":
+                    assert answer.error_code == ErrorCode.none, request
+                    assert next(iter_batches(answer.records)).base_offset == 0
+                    assert answer.high_watermark == PER_PARTITION
+                else:
+                    assert answer.error_code == ErrorCode.topic_authorization_failed, request
+                    assert not answer.records
+        finally:
+            await conn.close()
+
+
+async def test_list_offsets_of_every_kind_are_the_remote_logs(origin, replica):
+    """ListOffsets needs DESCRIBE (carol has it): the answers are the remote log's, the
+    empty topic on the replica cluster has no say."""
+    records = [r for r in origin.records if r.partition == 0]
+    end = len(records)
+    latest = max(records, key=lambda r: (r.timestamp_ms, -r.offset))
+    specs = {OffsetSpec.LATEST: end, OffsetSpec.EARLIEST: 0, OffsetSpec.MAX_TIMESTAMP: latest.offset,
+             OffsetSpec.EARLIEST_LOCAL_TIMESTAMP: end, OffsetSpec.LATEST_TIERED_TIMESTAMP: end - 1,
+             records[10].timestamp_ms: records[10].offset, latest.timestamp_ms + 1: -1}
+    conn = await authenticated(replica.bootstrap_servers, "carol")
+    try:
+        for isolation_level in (0, 1):
+            for spec, offset in specs.items():
+                partition = list_offsets9.ListOffsetsPartition(partition_index=i32(0), timestamp=i64(spec))
+                response = await conn.request(list_offsets9.ListOffsetsRequest(
+                    replica_id=i32(-1), isolation_level=i8(isolation_level),
+                    topics=(list_offsets9.ListOffsetsTopic(name=origin.topic, partitions=(partition,)),)))
+                (answer,) = response.topics[0].partitions
+                assert (answer.error_code, answer.offset, answer.leader_epoch) == (ErrorCode.none, offset, -1), spec
+    finally:
+        await conn.close()
+
+
+async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
+    consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="latest", **_sasl("alice"))
+    await consumer.start()
+    try:
+        assert await consumer.getmany(timeout_ms=1000) == {}  # at the end: nothing
+        ends = {p: sum(1 for r in origin.records if r.partition == p) for p in range(PARTITIONS)}
+        await asyncio.to_thread(origin.produce, MORE)
+        await asyncio.to_thread(origin.tier, spark)
+        records = []
+        deadline = time.monotonic() + 60
+        while len(records) < PARTITIONS * MORE and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    assert sorted(record_keys(records)) == record_keys(r for r in origin.records if r.offset >= ends[r.partition])
+
+
+async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica, sasl_kafka):
+    os.kill(origin.cluster.pids[0], signal.SIGKILL)
+    replayed = await _replay(replica, origin.topic, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
+    assert replayed == record_keys(origin.records)
+    # librdkafka too, to the end of each partition.
+    kcat = await asyncio.to_thread(subprocess.run, [
+        "kcat", "-b", replica.bootstrap_servers, "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=PLAIN",
+        "-X", "sasl.username=alice", "-X", f"sasl.password={SASL_USERS['alice']}", "-C", "-t", origin.topic,
+        "-o", "beginning", "-e", "-q", "-f", "%p %o %k\\n"], capture_output=True, text=True, timeout=120)
+    assert kcat.returncode == 0, kcat.stderr
+    printed = sorted((int(p), int(o), k) for p, o, k in (line.split(" ") for line in kcat.stdout.splitlines() if line))
+    assert printed == sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
+    # The Java consumer in a group: fetch sessions and topic ids (Fetch v13+).
+    java = await asyncio.to_thread(
+        sasl_kafka.java_tool, "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server", replica.bootstrap_servers, "--consumer.config", str(sasl_kafka.client_properties("alice")),
+        "--topic", origin.topic, "--group", f"java-{uuid.uuid4().hex[:6]}", "--from-beginning",
+        "--max-messages", str(len(origin.records)), "--timeout-ms", "60000",
+        "--property", "print.partition=true", "--property", "print.offset=true", "--property", "print.key=true",
+        "--property", "print.value=false", timeout=180)
+    assert java.returncode == 0, java.stderr[-2000:]
+    assert sorted(_java_record(line) for line in java.stdout.splitlines() if line.startswith("Partition:")) == \
+        sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
+
+
+def _java_record(line: str) -> tuple[int, int, str]:
+    """(partition, offset, key) of a console consumer line `Partition:P\tOffset:O\tKEY`."""
+    fields = line.split("\t")
+    named = dict(field.split(":", 1) for field in fields[:-1])
+    return int(named["Partition"]), int(named["Offset"]), fields[-1]
