@@ -20,7 +20,7 @@ not parse) is the client's fault: one WARN line, counted as ``bad_request``.
 """
 
 from .chain import CallNext, Filter, FilterChains, run_chain
-from .context import ConnectionContext, Forward, NodeDirectory, OwnCorrelationIds, ProxyServices
+from .context import ConnectionContext, Forward, NodeDirectory, OwnCorrelationIds, PerConnection, ProxyServices
 from .messages import ClientRequest, InvalidRequest, Response
 
 __all__ = (
@@ -33,6 +33,7 @@ __all__ = (
     "InvalidRequest",
     "NodeDirectory",
     "OwnCorrelationIds",
+    "PerConnection",
     "ProxyServices",
     "Response",
     "run_chain",

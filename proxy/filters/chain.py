@@ -39,8 +39,9 @@ CallNext = Callable[[ClientRequest], Awaitable[Response]]
 
 class Filter:
     """One step of the chain of the APIs in `apis`. Subclasses set `apis` and override
-    `handle`; one instance serves every connection, so per-connection state lives in
-    the ConnectionContext."""
+    `handle`; one instance serves every connection and holds what they share, and
+    state of one connection is the filter's own `PerConnection` (context.py), made per
+    connection by its factory."""
 
     apis: Mapping[int, range] = MappingProxyType({})
     """API key -> the request versions this filter takes part in."""

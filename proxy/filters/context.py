@@ -1,8 +1,11 @@
 """What a filter sees of the proxy and of one client connection.
 
-Per-connection state is typed: each field belongs to the filters that fill it (the
-broker's API versions to the ApiVersions filter, the tiered state to Fetch and
-ListOffsets), and a connection's state is never seen by another connection.
+The context holds what is true of the connection itself: the client's address, the
+broker it reaches, the broker's API versions on it, the proxy's own correlation ids.
+A filter's state of a connection belongs to the filter: it declares a `PerConnection`
+with the factory that makes it, and gets the connection's own with `of(ctx)` (as
+Kroxylicious' filter factories make a filter instance per connection); a new stateful
+filter changes nothing here, and a connection's state is never seen by another one.
 """
 
 from __future__ import annotations
@@ -10,11 +13,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from tierproxy.protocol.codecs import decode_response, encode_request
-
-from .tiered_state import TieredConnectionState
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
     from ..metrics import ProxyMetrics
     from .chain import FilterChains
 
-__all__ = ("ConnectionContext", "Forward", "NodeDirectory", "OwnCorrelationIds", "ProxyServices")
+__all__ = ("ConnectionContext", "Forward", "NodeDirectory", "OwnCorrelationIds", "PerConnection", "ProxyServices")
+
+S = TypeVar("S")
 
 Forward = Callable[["Buffer | Sequence[Buffer]"], Awaitable[memoryview]]
 """Send a request frame body (header included) upstream on the client's connection;
@@ -88,8 +91,9 @@ class ConnectionContext:
     broker_api_versions: dict[int, tuple[int, int]] = field(default_factory=dict)
     """The broker's {api key: (min, max)}, once the client asked ApiVersions on this
     connection (the ApiVersions filter fills it in)."""
-    tiered: TieredConnectionState = field(default_factory=TieredConnectionState)
     correlation_ids: OwnCorrelationIds = field(default_factory=OwnCorrelationIds)
+    states: dict[PerConnection[Any], Any] = field(default_factory=dict)
+    """Each `PerConnection`'s state of this connection, made on its first use."""
 
     async def send(self, request: Any, client_id: str | None) -> Any:
         """A kio request of the proxy's own on the client's upstream connection, so it runs
@@ -97,3 +101,21 @@ class ConnectionContext:
         (its quotas apply), the correlation id the proxy's own."""
         payload = await self.forward(encode_request(request, self.correlation_ids.next(), client_id))
         return decode_response(request.__api_key__, request.__version__, payload)
+
+
+class PerConnection(Generic[S]):
+    """State that its owner (a filter, or what several filters share) keeps per client
+    connection: `factory` makes a connection's own on its first use, and it goes when
+    the connection does."""
+
+    __slots__ = ("factory",)
+
+    def __init__(self, factory: Callable[[ConnectionContext], S]) -> None:
+        self.factory = factory
+
+    def of(self, ctx: ConnectionContext) -> S:
+        try:
+            state: S = ctx.states[self]
+        except KeyError:
+            state = ctx.states[self] = self.factory(ctx)
+        return state

@@ -104,7 +104,8 @@ from tierproxy.protocol.fetch_wire import (
 )
 from .messages import ClientRequest, InvalidRequest, Response
 from .replica import ReadReplicas
-from .tiered_state import PartitionOffsets, TieredConnectionState, broker_queries
+from .context import PerConnection
+from .tiered_state import FetchConnectionState, PartitionOffsets, broker_queries
 from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class FetchFilter(Filter):
         self.tier = tier
         self.remote_max_bytes: int = tier.config[REMOTE_FETCH_MAX_BYTES]
         self.replicas = ReadReplicas.of(tier)
+        self._states = PerConnection(FetchConnectionState.of_connection)
 
     async def start(self) -> None:
         await self.tier.start()
@@ -154,14 +156,14 @@ class FetchFilter(Filter):
         await self.tier.close()
 
     async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
-        state = ctx.tiered
+        state = self._states.of(ctx)
         try:
             session = request_session(client_request.payload, client_request.api_version)
         except DecodeError as e:
             raise InvalidRequest(str(e)) from None
         client_request.structure_checked()  # every length bounded: kio need not walk it again
         if self.replicas and client_request.api_version >= TOPIC_ID_VERSION:
-            await self.replicas.learn_topic_ids(state, self._queries(ctx, client_request),
+            await self.replicas.learn_topic_ids(state.topics, self._queries(ctx, client_request),
                                                 [t.topic_id for t in client_request.body.topics])
         if session == SESSIONLESS and state.proven:
             return await self._sessionless(ctx, client_request, call_next, state)
@@ -169,7 +171,7 @@ class FetchFilter(Filter):
 
     async def _as_sent(
         self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext,
-        state: TieredConnectionState, session: tuple[int, int],
+        state: FetchConnectionState, session: tuple[int, int],
     ) -> Response:
         """The client's request forwarded unchanged; decoded (unless it already is) only
         if the broker answers a partition out of range."""
@@ -202,12 +204,12 @@ class FetchFilter(Filter):
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
         return response
 
-    def _replicas_hidden(self, client_request: ClientRequest, state: TieredConnectionState) -> ClientRequest:
+    def _replicas_hidden(self, client_request: ClientRequest, state: FetchConnectionState) -> ClientRequest:
         """The request for the broker: replica partitions beyond any log (see replica)."""
         if not self.replicas:
             return client_request
         request = client_request.body
-        hidden = self.replicas.hide_from_broker(request, client_request.api_version >= TOPIC_ID_VERSION, state)
+        hidden = self.replicas.hide_from_broker(request, client_request.api_version >= TOPIC_ID_VERSION, state.topics)
         return client_request if hidden is request else client_request.replaced(hidden)
 
     def _queries(self, ctx: ConnectionContext, client_request: ClientRequest) -> ClusterQueries:
@@ -215,7 +217,7 @@ class FetchFilter(Filter):
 
     async def _sessionless(
         self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext,
-        state: TieredConnectionState,
+        state: FetchConnectionState,
     ) -> Response:
         """A request without a session on a connection with partitions proven remote:
         those skip the broker."""
@@ -234,7 +236,7 @@ class FetchFilter(Filter):
             # enough, so the broker is asked not to wait (see _await_min_bytes).
             broker_request = dataclasses.replace(broker_request, max_wait=_NO_WAIT)
         if broker_request is not None and self.replicas:
-            broker_request = self.replicas.hide_from_broker(broker_request, by_id, state)
+            broker_request = self.replicas.hide_from_broker(broker_request, by_id, state.topics)
 
         scan = None
         payload = None
@@ -300,13 +302,13 @@ class FetchFilter(Filter):
     # ------------------------------------------------------------------ splitting
 
     def _direct_partitions(
-        self, request: Any, by_id: bool, state: TieredConnectionState
+        self, request: Any, by_id: bool, state: FetchConnectionState
     ) -> dict[tuple[Any, int], _Remote]:
         """Partitions proven remote on this connection less than a second ago; a stale
         proof is renewed by the broker's answer to the Fetch itself (see above)."""
         direct = {}
         for topic in request.topics if state.proven else ():
-            topic_id = topic.topic_id if by_id else state.topic_ids.get(topic.topic)
+            topic_id = topic.topic_id if by_id else state.topics.topic_ids.get(topic.topic)
             name = self._name(topic, by_id, state)
             if topic_id is None or name is None:
                 continue
@@ -325,11 +327,11 @@ class FetchFilter(Filter):
         return origin if origin is not None else TopicIdPartition(topic_id, name, partition)
 
     @staticmethod
-    def _name(topic: Any, by_id: bool, state: TieredConnectionState) -> str | None:
-        return state.topic_names.get(topic.topic_id) if by_id else topic.topic
+    def _name(topic: Any, by_id: bool, state: FetchConnectionState) -> str | None:
+        return state.topics.topic_names.get(topic.topic_id) if by_id else topic.topic
 
     async def _refresh(
-        self, partitions: Iterable[tuple[str, int]], isolation_level: int, state: TieredConnectionState,
+        self, partitions: Iterable[tuple[str, int]], isolation_level: int, state: FetchConnectionState,
         queries: ClusterQueries,
     ) -> None:
         wanted: dict[str, list[int]] = {}
@@ -337,7 +339,7 @@ class FetchFilter(Filter):
             wanted.setdefault(name, []).append(partition)
         answers = await queries.log_offsets(wanted, isolation_level)
         for (name, partition), answer in answers.items():
-            topic_id = state.topic_ids.get(name)
+            topic_id = state.topics.topic_ids.get(name)
             if topic_id is None:
                 continue
             if isinstance(answer, LogOffsets):
@@ -347,7 +349,7 @@ class FetchFilter(Filter):
                 state.proven.pop((topic_id, partition), None)
 
     async def _out_of_range(
-        self, request: Any, scan: ScannedResponse, by_id: bool, state: TieredConnectionState, queries: ClusterQueries
+        self, request: Any, scan: ScannedResponse, by_id: bool, state: FetchConnectionState, queries: ClusterQueries
     ) -> list[_Remote] | None:
         """Partitions the broker refused with OFFSET_OUT_OF_RANGE below its local log start;
         None when one of them is at a position neither the request nor the fetch session
@@ -369,19 +371,19 @@ class FetchFilter(Filter):
         if by_id:
             names = {tp.topic_id: tp.topic for tp in self.tier.rlmm.partitions()}
             for known_id, known_name in names.items():
-                if known_id not in state.topic_names:
-                    state.learn_topic(known_name, known_id)
+                if known_id not in state.topics.topic_names:
+                    state.topics.learn_topic(known_name, known_id)
         else:
-            await state.known_topic_ids(queries, {key for key, _ in out_of_range if isinstance(key, str)})
+            await state.topics.known_topic_ids(queries, {key for key, _ in out_of_range if isinstance(key, str)})
         candidates = []
         replicas: list[_Remote] = []
         topic_id: uuid.UUID | None
         name: str | None
         for key, fetch_partition in out_of_range:
             if isinstance(key, uuid.UUID):  # by_id
-                topic_id, name = key, state.topic_names.get(key)
+                topic_id, name = key, state.topics.topic_names.get(key)
             else:
-                topic_id, name = state.topic_ids.get(key), key
+                topic_id, name = state.topics.topic_ids.get(key), key
             if topic_id is None or name is None:
                 continue  # nothing remote for a topic the metadata does not know
             if name in self.replicas:
@@ -413,7 +415,7 @@ class FetchFilter(Filter):
         return remote + replicas
 
     def _replica_partition(
-        self, key: Any, fetch_partition: Any, topic_id: Any, name: str, state: TieredConnectionState
+        self, key: Any, fetch_partition: Any, topic_id: Any, name: str, state: FetchConnectionState
     ) -> _Remote | None:
         """A read replica partition the broker answered OFFSET_OUT_OF_RANGE (the proof): the
         remote tier answers it whatever the broker's offsets say; None when the offset is
@@ -434,7 +436,7 @@ class FetchFilter(Filter):
 
     # ------------------------------------------------------------------ reading
 
-    async def _read(self, remote: list[_Remote], request: Any, used: int, state: TieredConnectionState) -> int:
+    async def _read(self, remote: list[_Remote], request: Any, used: int, state: FetchConnectionState) -> int:
         """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
         connection's last Fetch stopped; return the bytes read."""
         budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)

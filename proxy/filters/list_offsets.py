@@ -44,7 +44,7 @@ from .chain import CallNext, Filter
 from .context import ConnectionContext
 from .messages import ClientRequest, Response
 from .replica import ReadReplicas
-from .tiered_state import broker_queries
+from .tiered_state import CONNECTION_TOPICS, broker_queries
 
 log = logging.getLogger("tierproxy.list_offsets")
 
@@ -102,7 +102,7 @@ class ListOffsetsFilter(Filter):
         tiered_names = {name for name, _ in asked if name in remote_names and name not in self.replicas}
         if needs_remote and tiered_names:
             queries = broker_queries(ctx, client_request.header.client_id, self.tier.metrics)
-            topic_ids = await ctx.tiered.known_topic_ids(queries, tiered_names)
+            topic_ids = await CONNECTION_TOPICS.of(ctx).known_topic_ids(queries, tiered_names)
 
         schema = response_schema(ApiKey.LIST_OFFSETS, version)
         entities = nested_entities(schema)

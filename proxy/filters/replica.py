@@ -42,7 +42,7 @@ from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
 from .messages import ClientRequest, Response
-from .tiered_state import OFFSETS_MAX_AGE_S, PartitionOffsets, TieredConnectionState, broker_queries
+from .tiered_state import CONNECTION_TOPICS, OFFSETS_MAX_AGE_S, ConnectionTopics, PartitionOffsets, broker_queries
 
 __all__ = ("BEYOND_ANY_LOG", "ReadReplicas", "ReplicaProduceFilter")
 
@@ -108,32 +108,32 @@ class ReadReplicas:
         start = self.rlmm.log_start_offset(tp) if tp is not None else None
         return start if start is not None else 0
 
-    async def learn_topic_ids(self, state: TieredConnectionState, queries: ClusterQueries,
+    async def learn_topic_ids(self, known: ConnectionTopics, queries: ClusterQueries,
                               topic_ids: Iterable[Any]) -> None:
         """Learn this cluster's ids of the replica topics on the connection, when a request
         names ids it does not know (at most once per proof period: an id still unknown then
         is not a replica topic the client may describe)."""
-        if all(topic_id in state.topic_names for topic_id in topic_ids):
+        if all(topic_id in known.topic_names for topic_id in topic_ids):
             return
         now = time.monotonic()
-        if now - state.replica_ids_asked_at < OFFSETS_MAX_AGE_S:
+        if now - known.replica_ids_asked_at < OFFSETS_MAX_AGE_S:
             return
-        state.replica_ids_asked_at = now
+        known.replica_ids_asked_at = now
         for name in self.names:
-            state.topic_ids.pop(name, None)  # a topic created again has a new id
-        await state.known_topic_ids(queries, self.names)
+            known.topic_ids.pop(name, None)  # a topic created again has a new id
+        await known.known_topic_ids(queries, self.names)
 
-    def is_replica(self, topic_key: Any, by_id: bool, state: TieredConnectionState) -> bool:
-        name = state.topic_names.get(topic_key) if by_id else topic_key
+    def is_replica(self, topic_key: Any, by_id: bool, known: ConnectionTopics) -> bool:
+        name = known.topic_names.get(topic_key) if by_id else topic_key
         return name in self.names
 
-    def hide_from_broker(self, request: Any, by_id: bool, state: TieredConnectionState) -> Any:
+    def hide_from_broker(self, request: Any, by_id: bool, known: ConnectionTopics) -> Any:
         """The Fetch request with its replica partitions at BEYOND_ANY_LOG; the request
         itself when it has none."""
         topics = []
         changed = False
         for topic in request.topics:
-            if self.is_replica(topic.topic_id if by_id else topic.topic, by_id, state):
+            if self.is_replica(topic.topic_id if by_id else topic.topic, by_id, known):
                 changed = True
                 topic = dataclasses.replace(topic, partitions=tuple(
                     dataclasses.replace(p, fetch_offset=i64(BEYOND_ANY_LOG)) for p in topic.partitions))
@@ -163,11 +163,12 @@ class ReplicaProduceFilter(Filter):
     async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
         request = client_request.body
         by_id = request.__version__ >= _PRODUCE_TOPIC_ID_VERSION
+        known = CONNECTION_TOPICS.of(ctx)
         if by_id:
             await self.replicas.learn_topic_ids(
-                ctx.tiered, broker_queries(ctx, client_request.header.client_id, self.metrics),
+                known, broker_queries(ctx, client_request.header.client_id, self.metrics),
                 [t.topic_id for t in request.topic_data])
-        refused = [t for t in request.topic_data if self.replicas.is_replica(_key(t, by_id), by_id, ctx.tiered)]
+        refused = [t for t in request.topic_data if self.replicas.is_replica(_key(t, by_id), by_id, known)]
         if not refused:
             return await call_next(client_request)
         kept = tuple(t for t in request.topic_data if t not in refused)
@@ -181,7 +182,7 @@ class ReplicaProduceFilter(Filter):
             topics.extend(answered.responses)
             throttle = answered.throttle_time
         for topic in refused:
-            name = ctx.tiered.topic_names.get(topic.topic_id) if by_id else topic.name
+            name = known.topic_names.get(topic.topic_id) if by_id else topic.name
             partitions = tuple(_refused_partition(entities, p.index, name) for p in topic.partition_data)
             topic_fields = {"topic_id": topic.topic_id} if by_id else {"name": topic.name}
             topics.append(make_entity(entities["TopicProduceResponse"], partition_responses=partitions,

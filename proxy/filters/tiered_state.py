@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any
 from tierproxy.client.queries import ClusterQueries
 
 from ..metrics import api_name
+from .context import PerConnection
 from .fetch_session import FetchSessionPositions
 
 if TYPE_CHECKING:
     from tierproxy.remote_log.metrics import RemoteMetrics
     from .context import ConnectionContext
 
-__all__ = ("OFFSETS_MAX_AGE_S", "PartitionOffsets", "TieredConnectionState", "broker_queries")
+__all__ = ("CONNECTION_TOPICS", "OFFSETS_MAX_AGE_S", "ConnectionTopics", "FetchConnectionState", "PartitionOffsets",
+           "broker_queries")
 
 # How long a proof (OFFSET_OUT_OF_RANGE below the local log start) and the offsets read
 # with it let fetches of the partition skip the broker; then the broker is asked again,
@@ -50,21 +52,12 @@ class PartitionOffsets:
 
 
 @dataclass(slots=True)
-class TieredConnectionState:
-    """The remote tier's state of one client connection, shared by Fetch and ListOffsets."""
+class ConnectionTopics:
+    """The topics' names and ids the broker told on one client connection, shared by the
+    filters of the remote tier (Fetch, ListOffsets, read replicas' Produce)."""
 
     topic_ids: dict[str, uuid.UUID] = field(default_factory=dict)
     topic_names: dict[uuid.UUID, str] = field(default_factory=dict)
-    #: (topic id, partition) -> offsets, present once the broker answered
-    #: OFFSET_OUT_OF_RANGE for an offset below its local log start on this connection.
-    proven: dict[tuple[uuid.UUID, int], PartitionOffsets] = field(default_factory=dict)
-    #: where the next Fetch starts reading remote partitions, so that each gets its turn
-    #: when remote.fetch.max.bytes does not fit them all
-    remote_rotation: int = 0
-    #: the last Fetch's remote partitions got no bytes because the broker's filled the
-    #: response: the next one gives its first remote partition a whole batch all the same
-    remote_starved: bool = False
-    fetch_session: FetchSessionPositions = field(default_factory=FetchSessionPositions)
     #: when the broker was last asked for the read replica topics' ids (see filters.replica)
     replica_ids_asked_at: float = float("-inf")
 
@@ -81,6 +74,31 @@ class TieredConnectionState:
             for name, topic_id in (await queries.topic_ids(missing)).items():
                 self.learn_topic(name, topic_id)
         return {name: self.topic_ids[name] for name in names if name in self.topic_ids}
+
+
+CONNECTION_TOPICS: PerConnection[ConnectionTopics] = PerConnection(lambda ctx: ConnectionTopics())
+"""A connection's `ConnectionTopics`."""
+
+
+@dataclass(slots=True)
+class FetchConnectionState:
+    """The Fetch filter's state of one client connection."""
+
+    topics: ConnectionTopics
+    #: (topic id, partition) -> offsets, present once the broker answered
+    #: OFFSET_OUT_OF_RANGE for an offset below its local log start on this connection.
+    proven: dict[tuple[uuid.UUID, int], PartitionOffsets] = field(default_factory=dict)
+    #: where the next Fetch starts reading remote partitions, so that each gets its turn
+    #: when remote.fetch.max.bytes does not fit them all
+    remote_rotation: int = 0
+    #: the last Fetch's remote partitions got no bytes because the broker's filled the
+    #: response: the next one gives its first remote partition a whole batch all the same
+    remote_starved: bool = False
+    fetch_session: FetchSessionPositions = field(default_factory=FetchSessionPositions)
+
+    @classmethod
+    def of_connection(cls, ctx: ConnectionContext) -> FetchConnectionState:
+        return cls(CONNECTION_TOPICS.of(ctx))
 
 
 def broker_queries(ctx: ConnectionContext, client_id: str | None, metrics: RemoteMetrics) -> ClusterQueries:

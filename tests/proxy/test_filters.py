@@ -4,9 +4,11 @@ broker: test_addresses, test_tiered_*, test_fetch_sessions.)"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import uuid
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -35,6 +37,8 @@ from tierproxy.proxy.filters import (
 from tierproxy.proxy.filters import addresses, messages
 from tierproxy.proxy.filters.addresses import BrokerAddressFilter
 from tierproxy.proxy.filters.api_versions import ApiVersionsFilter
+from tierproxy.proxy.filters.context import PerConnection
+from tierproxy.proxy.filters.tiered_state import CONNECTION_TOPICS, FetchConnectionState
 from tierproxy.protocol.fetch_wire import RemotePartition, encode_fetch_response, scan_fetch_response
 
 PROXY_HOST = "proxy.example"
@@ -236,7 +240,7 @@ async def test_the_broker_api_versions_are_state_of_their_connection():
     assert asked.broker_api_versions == {ApiKey.LIST_OFFSETS: (1, 7), ApiKey.METADATA: (0, 99),
                                          ApiKey.PRODUCE: (3, 99)}
     assert other.broker_api_versions == {}
-    assert asked.tiered is not other.tiered and asked.correlation_ids is not other.correlation_ids
+    assert asked.correlation_ids is not other.correlation_ids
     offered = {a.api_key: (a.min_version, a.max_version) for a in response.body.api_keys}
     # Capped where a filter cannot read newer versions; the broker's range elsewhere.
     assert offered[ApiKey.METADATA] == (0, INTERCEPTED[ApiKey.METADATA].stop - 1)
@@ -302,3 +306,34 @@ def test_a_chain_is_worked_out_once_per_api_version():
     many = [filters.chain(ApiKey.METADATA, version) for version in range(20_000)]  # bounded, still right
     assert [bool(chain) for chain in many] == [version in BrokerAddressFilter.apis[ApiKey.METADATA]
                                                 for version in range(20_000)]
+
+
+class _Counting(Filter):
+    """A filter with state of its own per connection: how many requests it saw there."""
+
+    apis = MappingProxyType({ApiKey.API_VERSIONS: range(0, 4)})
+
+    def __init__(self) -> None:
+        self.seen = PerConnection(lambda ctx: collections.Counter[str]())
+
+    async def handle(self, ctx, request, call_next):
+        counter = self.seen.of(ctx)
+        counter[ctx.peer] += 1
+        return await call_next(request)
+
+
+async def test_a_filters_state_is_made_per_connection_by_its_factory_and_seen_by_no_other():
+    counting = _Counting()
+    filters = FilterChains([counting])
+    answer = encode_payload(ApiVersionsResponse(error_code=ErrorCode.none, throttle_time=datetime.timedelta(0),
+                                                api_keys=()))
+    first, second = _context(filters, answer=answer), _context(filters, answer=answer)
+    for ctx, times in ((first, 3), (second, 1)):
+        for _ in range(times):
+            await run_chain(filters.chain(ApiKey.API_VERSIONS, 3), ctx,
+                            _request(ApiVersionsRequest(client_software_name="t", client_software_version="1")))
+    assert counting.seen.of(first) is not counting.seen.of(second)
+    assert (sum(counting.seen.of(first).values()), sum(counting.seen.of(second).values())) == (3, 1)
+    # The tiered filters' states likewise: the topics a connection learned are its own.
+    assert CONNECTION_TOPICS.of(first) is CONNECTION_TOPICS.of(first) is not CONNECTION_TOPICS.of(second)
+    assert FetchConnectionState.of_connection(first).topics is CONNECTION_TOPICS.of(first)
