@@ -6,8 +6,10 @@ A chunk read into fresh memory costs the kernel a page fault and a zeroed page f
 pages the kernel zeroes and maps in one call (MAP_POPULATE), allocated up to the cache's
 bound by `fill`, which the proxy runs in a thread at start; a load takes a free one, and
 an evicted chunk's buffer becomes free again. A load finding none free (the pool not
-filled yet, or short chunks letting more chunks than buffers fit the byte bound) maps one
-more, and the pool keeps no more than `count` free.
+filled yet, demand loads in flight beyond the bound, or short chunks letting more chunks
+than buffers fit the byte bound) maps one more, which the pool keeps: it grows to the
+most it needed at once (the bound and the loads in flight) and stays there, so a buffer
+is mapped at most once.
 
 A response holds memoryview slices of the chunks it sends from. Each holder of slices
 takes a lease on their buffer (`ChunkLeases.hold`) and gives it back once the slices are
@@ -33,7 +35,7 @@ _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0
 
 
 class ChunkBuffers:
-    """A pool of `count` buffers of `size` bytes, with a lease count per buffer."""
+    """Buffers of `size` bytes, `count` of them mapped by `fill`, with a lease count per buffer."""
 
     def __init__(self, size: int, count: int) -> None:
         if size <= 0 or count < 0:
@@ -110,11 +112,7 @@ class ChunkBuffers:
         return buffer in self._responses  # type: ignore[operator]
 
     def _give_back(self, buffer: mmap.mmap) -> None:
-        if len(self._free) < self.count:
-            self._free.append(buffer)
-        else:
-            with self._lock:
-                self._allocated -= 1
+        self._free.append(buffer)
 
     def clear(self) -> None:
         with self._lock:
