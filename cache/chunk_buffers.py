@@ -7,9 +7,9 @@ pages the kernel zeroes and maps in one call (MAP_POPULATE), allocated up to the
 bound by `fill`, which the proxy runs in a thread at start; a load takes a free one, and
 an evicted chunk's buffer becomes free again. A load finding none free (the pool not
 filled yet, demand loads in flight beyond the bound, or short chunks letting more chunks
-than buffers fit the byte bound) maps one more, which the pool keeps: it grows to the
-most it needed at once (the bound and the loads in flight) and stays there, so a buffer
-is mapped at most once.
+than buffers fit the byte bound) maps one more in a thread (`map_one`), which the pool
+keeps: it grows to the most it needed at once (the bound and the loads in flight) and
+stays there, so a buffer is mapped at most once and never on the event loop.
 
 A response holds memoryview slices of the chunks it sends from. Each holder of slices
 takes a lease on their buffer (`ChunkLeases.hold`) and gives it back once the slices are
@@ -63,14 +63,19 @@ class ChunkBuffers:
                 self._allocated += 1
             self._free.append(mmap.mmap(-1, self.size, flags=_FLAGS))
 
-    def take(self) -> mmap.mmap:
-        """A free buffer, nothing leasing it: from the pool, else a newly mapped one."""
+    def take(self) -> mmap.mmap | None:
+        """A free buffer, nothing leasing it; None when the pool has none free (`map_one`)."""
         if self._free:
             self.reused += 1
             return self._free.popleft()
+        return None
+
+    def map_one(self) -> mmap.mmap:
+        """A newly mapped buffer, for a load that found none free: run it off the event
+        loop, as the kernel zeroes and maps its pages."""
         with self._lock:
             self._allocated += 1
-        self.allocated_on_demand += 1
+            self.allocated_on_demand += 1
         return mmap.mmap(-1, self.size, flags=_FLAGS)
 
     def retire(self, buffer: mmap.mmap, nbytes: int) -> None:

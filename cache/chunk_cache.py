@@ -276,15 +276,19 @@ class ChunkCache:
                     f"chunk {index} of segment {segment.segment_id.id}: responses not yet written hold "
                     f"{held} bytes of the chunk cache's {self.max_bytes} (remote.log.chunk.cache.size.bytes)")
         buffer = self._buffers.take()
-        data = memoryview(buffer)[:size]
+        data = memoryview(b"")
         try:
+            if buffer is None:  # none free: mapped off the event loop
+                buffer = await asyncio.to_thread(self._buffers.map_one)
+            data = memoryview(buffer)[:size]
             await self.rsm.read_log_into(segment, start, data)
         except BaseException as e:
             # What the store checked before a corrupt block: the caller may use it, the
             # cache keeps nothing of this chunk.
             intact = bytes(data[:e.filled]) if isinstance(e, CorruptRangeRead) else b""
             del data
-            self._buffers.retire(buffer, 0)
+            if buffer is not None:
+                self._buffers.retire(buffer, 0)
             if isinstance(e, CorruptRangeRead):
                 raise CorruptChunk(index, intact, e.error) from e.error
             raise

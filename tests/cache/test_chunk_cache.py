@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -285,6 +286,24 @@ async def test_the_pool_is_mapped_at_start_and_a_cold_read_maps_nothing(tmp_path
             await cache.get(segment, index)
             await _wait_idle(cache)
         assert cache._buffers.allocated_on_demand == 0
+        await cache.close()
+
+
+async def test_a_load_finding_no_free_buffer_maps_one_off_the_event_loop(tmp_path: Path) -> None:
+    import threading
+
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=4 * CHUNK, read_ahead_chunks=0)  # not started
+        mapped_in = []
+        map_one = cache._buffers.map_one
+
+        def recording() -> Any:
+            mapped_in.append(threading.current_thread())
+            return map_one()
+
+        cache._buffers.map_one = recording  # type: ignore[method-assign]
+        assert bytes(await cache.get(segment, 0)) == partition.log_of(0)[:CHUNK]
+        assert mapped_in and threading.main_thread() not in mapped_in
         await cache.close()
 
 
