@@ -57,4 +57,4 @@ demo-secure: system install jars
 	$(PY) -m testbed.demo --secure
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis */*.so
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache */*.so

@@ -3,7 +3,8 @@ from Kafka's own tiered storage.
 
 One run starts a real broker (testbed, Kafka on loopback), with `e` in `--cases` a second
 broker with Kafka's native tiered storage, and with `d` or `f` S3Proxy (testbed.s3proxy,
-a real S3 endpoint fast enough to measure against). Both brokers run
+a real S3 endpoint fast enough to measure against), with `t` a second S3Proxy serving HTTPS
+only. Both brokers run
 with the G1 settings Kafka's documentation recommends (KAFKA_G1 below). For each partition
 count (`--partitions 1,8`) the same data set (`--mb` MB of 1 KiB incompressible records,
 librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
@@ -18,7 +19,10 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   a second time into a store of their own), so that the CPU s/GB of (c) and (x) side by
   side are the cost of decryption; (d) the same as (c) from S3; (f) from S3 through testbed.latency's relay, which holds back the first byte
   of every response `--first-byte-ms` (20) as a real object store does (the relay's own CPU is
-  reported beside the proxy's); (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
+  reported beside the proxy's); (t) the same as (d) over HTTPS, as real object stores are
+  reached (S3Proxy with a PKCS#12 keystore from a throwaway CA made at start, the proxy
+  trusting that CA with `remote.log.storage.s3.ssl.truststore.location`; tiered a second
+  time into a store of its own), so that (t) beside (d) is the cost of TLS; (w) and (W): 4 replays of (c) at once (as 4 consumer groups backfilling),
   with `proxy.workers=1` and `proxy.workers=2`;
 - `<name>` on the native broker, topic `remote.storage.enable=true`,
   `local.retention.bytes=1`, tiered by Kafka itself (`LocalTieredStorage` from the
@@ -27,7 +31,7 @@ librdkafka, uncompressed, 1 MiB batches) is produced into a topic per side:
   record's segment is the only one left in the broker's log directory: (e) direct from
   the native broker, everything but the one record per partition read from remote storage.
 
-Rounds (`--repeats`) interleave the cases (a, e, c, x, b, d, f, w, W, then again), so every
+Rounds (`--repeats`) interleave the cases (a, e, c, x, b, d, t, f, w, W, then again), so every
 side sees the same noise. In each round each case replays twice: "cold" is the first
 replay (the proxy a fresh process with empty caches; Kafka's RemoteIndexCache is empty
 only in the first round), "warm" the second right after it. Segment files are in the OS
@@ -46,7 +50,8 @@ the same bytes sent from memory; the proxy's CPU per GB is given as a multiple o
 
 Targets: (c) proxy CPU <= 2.5x the pread + send floor cold, <= 1.5x warm; (c) >= 1.5x (e)
 and >= 0.9x (a) in MB/s; (x) at most 0.3 proxy CPU s/GB above (c) (AES-GCM with AES-NI
-decrypts at GB/s). Everything it starts is stopped at the end.
+decrypts at GB/s); S3: (d) proxy CPU <= 1.5x (c), (f) >= 0.8x (a) in MB/s at 8 partitions and
+>= 0.6x at 1, (t) within 1.3x of (d). Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ CASES = (
     ("x", "proxy, remote encrypted, local files"),
     ("b", "proxy, tail (local on the broker)"),
     ("d", "proxy, remote from S3 (S3Proxy)"),
+    ("t", "proxy, remote from S3 over TLS"),
     ("f", "proxy, remote from S3, 20 ms first byte"),
     ("w", "proxy, remote, 4 replays, 1 worker"),
     ("W", "proxy, remote, 4 replays, 2 workers"),
@@ -381,7 +387,7 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client
     if case == "e":
         return measured_replays(native.bootstrap_servers, data.name, data.records + data.partitions, client_config,
                                 native.pids[0], None, None, replays)
-    backend = "s3" if case in "df" else "local-encrypted" if case == "x" else "local"
+    backend = "s3" if case in "df" else "s3-tls" if case == "t" else "local-encrypted" if case == "x" else "local"
     serving = dict(data.properties.get(backend) or
                    properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", None))
     serving["proxy.workers"] = "2" if case == "W" else "1"
@@ -408,7 +414,7 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,8", help="partition counts (default 1,8)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of interleaved cases; the best counts "
                                                              "(default 3)")
-    parser.add_argument("--cases", default="aecxbdf", help="case letters (default aecxbdf; also w, W)")
+    parser.add_argument("--cases", default="aecxbdtf", help="case letters (default aecxbdtf; also w, W)")
     parser.add_argument("--first-byte-ms", type=float, default=20.0, help="the relay's latency in case (f)")
     parser.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
                         help="consumer setting for every case, e.g. fetch.wait.max.ms=100 (repeatable)")
@@ -439,6 +445,7 @@ def main() -> int:
         native = (stack.enter_context(KafkaCluster(1, broker_config=native_broker_config(tmp / "native"),
                                                    jvm_options=KAFKA_G1)) if "e" in wanted else None)
         s3 = stack.enter_context(S3ProxyServer(workdir=tmp / "s3proxy")) if wanted & set("df") else None
+        s3_tls = stack.enter_context(S3ProxyServer(workdir=tmp / "s3proxy-tls", tls=True)) if "t" in wanted else None
         relay = (stack.enter_context(LatencyRelay(s3.endpoint_url, args.first_byte_ms, tmp / "relay"))
                  if "f" in wanted else None)
         for partitions in [int(p) for p in args.partitions.split(",")]:
@@ -447,7 +454,7 @@ def main() -> int:
             records = 0
             for cluster, topic, config, needed in (
                     (kafka, local_topic, None, wanted & set("ab")),
-                    (kafka, remote_topic, None, wanted & set("cxdfwW")),
+                    (kafka, remote_topic, None, wanted & set("cxdtfwW")),
                     (native, name, native_topic_config(), native is not None)):
                 if not needed:
                     continue
@@ -455,9 +462,10 @@ def main() -> int:
                 started = time.perf_counter()
                 records = produce(cluster.bootstrap_servers, topic, partitions, args.mb)
                 print(f"\n{topic}: {records:,} records produced in {time.perf_counter() - started:.1f}s", flush=True)
-            backends = [b for b, letters in (("local", "cwW"), ("local-encrypted", "x"), ("s3", "df"))
+            backends = [b for b, letters in (("local", "cwW"), ("local-encrypted", "x"), ("s3", "df"), ("s3-tls", "t"))
                         if wanted & set(letters)]
-            properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b, s3)
+            properties = {b: properties_for(tmp / name, kafka.bootstrap_servers, remote_topic, b,
+                                            s3_tls if b == "s3-tls" else s3)
                           for b in backends}
             if backends:
                 time.sleep(1.1)  # past segment.ms: the last segment ships too

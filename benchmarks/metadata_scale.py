@@ -1,6 +1,6 @@
 """Remote log metadata at scale: many partitions, many remote segments each.
 
-For each partition count (`--partitions 1000,10000`) and backend (`--backends file,topic`):
+For each partition count (`--partitions 1000,10000`) and backend (`--backends file,topic,remote`):
 
 1. Write `--segments` remote segments per partition (each a COPY_SEGMENT_STARTED record and
    its COPY_SEGMENT_FINISHED update, Kafka's serialized form) into the real store: for the
@@ -19,7 +19,10 @@ For each partition count (`--partitions 1000,10000`) and backend (`--backends fi
    - file `restart`: one more segment per partition appended after the snapshot (a pass),
      then a start: the snapshot plus that tail;
    - topic `consume`: a first start, the whole topic read; topic `restart`: from the flat
-     files it materialized.
+     files it materialized;
+   - remote `local` / `s3`: a first start from what the pipeline publishes into the remote
+     store (`storage.metadata.bucket`: its snapshot objects, fetched concurrently), on the
+     local-file store and on moto's S3 server (`--stores local,s3`).
 3. One tiering pass's planning (`pipeline.plan.plan_pass`, file backend, `--plan`) against
    topics of that many partitions on the testbed broker, whose ids the metadata uses (creating
    10,000 partitions takes the broker a few minutes).
@@ -151,7 +154,7 @@ async def main(properties, writer, partitions):
     rss, peak = rss_kib("VmRSS") / 1024, rss_kib("VmHWM") / 1024
     replayed = getattr(rlmm, "records_replayed_at_start", None)
     if replayed is None:
-        replayed = rlmm.records_fetched
+        replayed = getattr(rlmm, "records_fetched", 0)  # the remote backend replays none
     rng = random.Random(1)
     picks = [(rng.choice(partitions), rng.randrange(0, %(offsets)d)) for _ in range(20000)]
     found = sum(rlmm.segment_for(tp, offset, 0) is not None for tp, offset in picks)
@@ -278,11 +281,45 @@ def topic_backend(tmp: Path, kafka, partitions: int, segments: int, rows: list) 
     kafka.delete_topic(topic)
 
 
+def remote_backend(tmp: Path, s3, stores: list[str], partitions: int, segments: int, rows: list) -> None:
+    """Publishes the segments' state as the pipeline does, then times a proxy's first start from it."""
+    from tierproxy.config import parse
+    from tierproxy.storage.factory import remote_storage_manager
+    from tierproxy.storage.metadata.bucket import publish
+    from tierproxy.storage.metadata.cache import RemoteLogMetadataCache
+
+    topics = topics_for(partitions)
+    t0 = time.perf_counter()
+    cache = RemoteLogMetadataCache()
+    for _, record in segment_records(topics, partitions, range(segments)):
+        cache.apply(record)
+    for store in stores:
+        properties = {"bootstrap.servers": "", "remote.log.metadata.backend": "remote",
+                      "remote.log.metadata.dir": str(tmp / "unused")}
+        if store == "s3":
+            properties |= s3.storage_properties(f"scale-{partitions}")
+        else:
+            properties |= {"remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote"),
+                           "remote.log.storage.key.prefix": f"scale-{partitions}"}
+
+        async def publish_all() -> None:
+            async with remote_storage_manager(parse(properties)) as rsm:
+                await publish(rsm, cache.partition_states())
+
+        asyncio.run(publish_all())
+        print(f"remote ({store}), {partitions} partitions: published in {time.perf_counter() - t0:.0f} s", flush=True)
+        row = measure(properties, topics, partitions, segments)
+        rows.append(("remote", partitions, store, row))
+        print(f"  {store}: {row}", flush=True)
+        t0 = time.perf_counter()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", default="1000,10000")
     parser.add_argument("--segments", type=int, default=100, help="remote segments per partition (default 100)")
-    parser.add_argument("--backends", default="file,topic")
+    parser.add_argument("--backends", default="file,topic,remote")
+    parser.add_argument("--stores", default="local,s3", help="remote stores of the remote backend")
     parser.add_argument("--plan", action="store_true", help="also time a pass's planning against the broker")
     args = parser.parse_args()
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
@@ -291,6 +328,7 @@ def main() -> int:
     backends = args.backends.split(",")
     rows: list = []
     kafka = None
+    s3 = None
     with tempfile.TemporaryDirectory(prefix="metadata-scale-") as tmp_name:
         tmp = Path(tmp_name)
         try:
@@ -298,12 +336,21 @@ def main() -> int:
                 from testbed.kafka import KafkaCluster
 
                 kafka = KafkaCluster(1).__enter__()
+            stores = args.stores.split(",")
+            if "remote" in backends and "s3" in stores:
+                from testbed.s3 import S3Server
+
+                s3 = S3Server().start()
             for partitions in [int(p) for p in args.partitions.split(",")]:
                 if "file" in backends:
                     file_backend(tmp, kafka, partitions, args.segments, args.plan, rows)
                 if "topic" in backends:
                     topic_backend(tmp, kafka, partitions, args.segments, rows)
+                if "remote" in backends:
+                    remote_backend(tmp, s3, stores, partitions, args.segments, rows)
         finally:
+            if s3 is not None:
+                s3.close()
             if kafka is not None:
                 kafka.__exit__(None, None, None)
     print()

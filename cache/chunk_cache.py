@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import mmap
 import uuid
 
@@ -240,8 +241,8 @@ class ChunkCache:
             if not self._reserve(size):
                 return  # no room without dropping demand: read-ahead yields
             self._prefetching[segment_id] += 1
-            task = self._flight.start(key, lambda i=i, size=size: self._load(segment, i, reserved=size))
-            task.add_done_callback(lambda _t, s=segment_id: self._prefetch_done(s))
+            task = self._flight.start(key, functools.partial(self._load, segment, i, reserved=size))
+            task.add_done_callback(lambda _t: self._prefetch_done(segment_id))
             self._metrics.prefetched()
 
     def _prefetch_done(self, segment_id: uuid.UUID) -> None:
@@ -319,7 +320,7 @@ class ChunkCache:
             # No room beside the prefetches in flight and the chunks responses hold:
             # served, not kept.
             self._publish_size()
-            self._buffers.retire(data.obj, size)  # type: ignore[arg-type]
+            self._buffers.retire(data.obj, size)  # type: ignore[arg-type]  # a view of a pool mmap
             return
         if prefetched:
             self._prefetched[key] = data
@@ -347,7 +348,7 @@ class ChunkCache:
             self._read_bytes -= len(data)
         else:
             self._prefetched_bytes -= len(data)
-        self._buffers.retire(data.obj, len(data))  # type: ignore[arg-type]
+        self._buffers.retire(data.obj, len(data))  # type: ignore[arg-type]  # a view of a pool mmap
 
     def _publish_size(self) -> None:
         self._metrics.size(self.total_bytes, len(self))

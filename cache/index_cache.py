@@ -38,6 +38,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,11 +94,11 @@ def index_file_name(base_offset: int, segment_id: uuid.UUID, index_type: IndexTy
 class _WeightedLru(LRUCache):
     """cachetools' LRU by weight, telling its owner about every eviction."""
 
-    def __init__(self, maxsize: int, on_evict) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, maxsize: int, on_evict: Callable[[CacheKey, _Entry], None]) -> None:
         super().__init__(maxsize, getsizeof=lambda entry: entry.weight)
         self._on_evict = on_evict
 
-    def popitem(self):  # type: ignore[no-untyped-def]
+    def popitem(self) -> tuple[CacheKey, _Entry]:
         key, entry = super().popitem()
         self._on_evict(key, entry)
         return key, entry
@@ -176,13 +177,19 @@ class RemoteIndexCache:
         return key in self._entries
 
     async def offset_index(self, segment: RemoteLogSegmentMetadata) -> OffsetIndex:
-        return await self.get(segment, IndexType.OFFSET)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.OFFSET)
+        assert isinstance(index, OffsetIndex)
+        return index
 
     async def time_index(self, segment: RemoteLogSegmentMetadata) -> TimeIndex:
-        return await self.get(segment, IndexType.TIMESTAMP)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.TIMESTAMP)
+        assert isinstance(index, TimeIndex)
+        return index
 
     async def transaction_index(self, segment: RemoteLogSegmentMetadata) -> TransactionIndex:
-        return await self.get(segment, IndexType.TRANSACTION)  # type: ignore[return-value]
+        index = await self.get(segment, IndexType.TRANSACTION)
+        assert isinstance(index, TransactionIndex)
+        return index
 
     async def get(self, segment: RemoteLogSegmentMetadata, index_type: IndexType) -> Index:
         """The parsed index; errors are the storage's (CorruptRemoteSegment for a bad file)."""
@@ -272,7 +279,7 @@ class RemoteIndexCache:
 
     # ------------------------------------------------------------------ disk
 
-    def _submit_disk(self, function, *args) -> None:  # type: ignore[no-untyped-def]
+    def _submit_disk(self, function: Callable[..., None], *args: object) -> None:
         if self._disk is None:
             return
         future = asyncio.get_running_loop().run_in_executor(self._disk, function, *args)

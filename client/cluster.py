@@ -20,7 +20,7 @@ from tierproxy.protocol.requests import READ_COMMITTED, READ_UNCOMMITTED
 from .connection import AuthenticationError, KafkaConnection
 from .queries import ClusterError, ClusterQueries, ListedOffset, PartitionInfo, TopicInfo
 from .security import PLAINTEXT, Security, security
-from tierproxy.config import BOOTSTRAP_SERVERS
+from tierproxy.config import BOOTSTRAP_SERVERS, Settings
 
 __all__ = ["READ_COMMITTED", "READ_UNCOMMITTED", "Cluster", "ClusterError", "LeaderUnavailable", "check_login",
            "ListedOffset", "PartitionInfo", "TopicInfo"]
@@ -33,7 +33,7 @@ class LeaderUnavailable(ConnectionError):
     out), or the partition has no leader: only the partitions it leads are affected."""
 
 
-async def check_login(config: Mapping[str, Any], *, client_id: str = "tierproxy") -> None:
+async def check_login(config: Settings, *, client_id: str = "tierproxy") -> None:
     """One Metadata round trip to a bootstrap broker as configured, before a command
     starts its real work: raises AuthenticationError (credentials, certificates) or
     KafkaConnectionError (unreachable), each naming what to fix."""
@@ -55,7 +55,7 @@ class Cluster:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], *, client_id: str = "tierproxy-pipeline") -> Cluster:
+    def from_config(cls, config: Settings, *, client_id: str = "tierproxy-pipeline") -> Cluster:
         """The configured cluster, with its security (files read and checked now)."""
         return cls(config[BOOTSTRAP_SERVERS], security=security(config), client_id=client_id)
 

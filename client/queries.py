@@ -162,12 +162,15 @@ class ClusterQueries:
         last_stable = stable[0] if stable else end
         out: dict[TopicPartition, LogOffsets | ErrorCode] = {}
         for key, first in start.items():
-            answers = (first, end[key], last_stable[key])
-            errors = [answer for answer in answers if isinstance(answer, ErrorCode)]
-            if errors:
-                out[key] = errors[0]
+            low, high, stable_end = first, end[key], last_stable[key]
+            if isinstance(low, ErrorCode):
+                out[key] = low
+            elif isinstance(high, ErrorCode):
+                out[key] = high
+            elif isinstance(stable_end, ErrorCode):
+                out[key] = stable_end
             else:
-                out[key] = LogOffsets(first.offset, end[key].offset, last_stable[key].offset)  # type: ignore[union-attr]
+                out[key] = LogOffsets(low.offset, high.offset, stable_end.offset)
         return out
 
     async def fetch(

@@ -12,7 +12,6 @@ import os
 import re
 import ssl
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from tierproxy.config import (
     SSL_TRUSTSTORE_LOCATION,
     SSL_TRUSTSTORE_PASSWORD,
     SSL_TRUSTSTORE_TYPE,
+    Settings,
 )
 
 from .sasl import Credentials
@@ -93,7 +93,7 @@ def parse_jaas(text: str, mechanism: str) -> Credentials:
     return Credentials(options["username"], options["password"])
 
 
-def _credentials(config: Mapping[str, Any]) -> Credentials:
+def _credentials(config: Settings) -> Credentials:
     if config[SASL_JAAS_CONFIG]:
         return parse_jaas(config[SASL_JAAS_CONFIG], config[SASL_MECHANISM])
     return Credentials(config[SASL_USERNAME], config[SASL_PASSWORD])
@@ -120,7 +120,7 @@ def _pem(certificates: list[Any]) -> str:
     return "".join(c.public_bytes(Encoding.PEM).decode() for c in certificates)
 
 
-def _load_trust(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
+def _load_trust(context: ssl.SSLContext, config: Settings) -> None:
     if config[SSL_CA_LOCATION]:
         key, path, kind = "ssl.ca.location", config[SSL_CA_LOCATION], "PEM"
     elif config[SSL_TRUSTSTORE_LOCATION]:
@@ -140,7 +140,7 @@ def _load_trust(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
         raise ConfigError(f"{key}={path}: cannot read: {e.strerror}") from None
 
 
-def _load_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
+def _load_identity(context: ssl.SSLContext, config: Settings) -> None:
     """The client certificate for mutual TLS, if one is configured."""
     password = config[SSL_KEY_PASSWORD] or None
     if config[SSL_CERTIFICATE_LOCATION]:
@@ -162,7 +162,7 @@ def _load_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
         raise ConfigError(f"{key}={certificate}: cannot read: {e.strerror}") from None
 
 
-def _pkcs12_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None:
+def _pkcs12_identity(context: ssl.SSLContext, config: Settings) -> None:
     from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
     path = config[SSL_KEYSTORE_LOCATION]
@@ -179,7 +179,7 @@ def _pkcs12_identity(context: ssl.SSLContext, config: Mapping[str, Any]) -> None
         context.load_cert_chain(pem)
 
 
-def ssl_context(config: Mapping[str, Any]) -> ssl.SSLContext | None:
+def ssl_context(config: Settings) -> ssl.SSLContext | None:
     """The TLS context of connections to the brokers; None unless SSL or SASL_SSL."""
     if config[SECURITY_PROTOCOL] not in ("SSL", "SASL_SSL"):
         return None
@@ -192,7 +192,7 @@ def ssl_context(config: Mapping[str, Any]) -> ssl.SSLContext | None:
     return context
 
 
-def security(config: Mapping[str, Any]) -> Security:
+def security(config: Settings) -> Security:
     """Everything tierproxy's own connections need, checked now (files read, JAAS parsed)."""
     protocol = config[SECURITY_PROTOCOL]
     sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
@@ -204,7 +204,7 @@ def security(config: Mapping[str, Any]) -> Security:
     )
 
 
-def aiokafka_options(config: Mapping[str, Any]) -> dict[str, Any]:
+def aiokafka_options(config: Settings) -> dict[str, Any]:
     """Keyword arguments of aiokafka's clients for the same security."""
     settings = security(config)
     options: dict[str, Any] = {"security_protocol": settings.protocol}
@@ -216,7 +216,7 @@ def aiokafka_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def librdkafka_options(config: Mapping[str, Any]) -> dict[str, str]:
+def librdkafka_options(config: Settings) -> dict[str, str]:
     """librdkafka (confluent-kafka) settings for the same security."""
     settings = security(config)  # validates files and credentials first
     options = {"security.protocol": settings.protocol}

@@ -10,12 +10,14 @@ that names the key and what it accepts.
 
 from __future__ import annotations
 
+import builtins
+import enum
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Final, Generic, Protocol, TypeVar, overload
 
 from .addresses import parse_host_port
 from . import broker_ports
@@ -23,6 +25,7 @@ from .broker_ports import check_host_pattern, node_id_range, port_map
 from .properties import read_properties
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -32,12 +35,17 @@ class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names the key."""
 
 
-class _Required:
+class _Required(enum.Enum):
+    # An enum member, so that `value is REQUIRED` narrows a key's default for a type checker.
+    REQUIRED = "required"
+
     def __repr__(self) -> str:
         return "(required)"
 
+    __str__ = __repr__
 
-REQUIRED: Any = _Required()
+
+REQUIRED: Final = _Required.REQUIRED
 
 
 # --- validators: each raises ValueError with what is allowed, and describes itself ---
@@ -177,8 +185,8 @@ class ConfigKey(str, Generic[T]):
     names) and its declaration. `Config[KEY]` is typed as the key's value type."""
 
     name: str
-    type: type
-    default: Any
+    type: builtins.type[T]
+    default: T | _Required
     doc: str
     group: str
     validator: Callable[[Any], None] | None
@@ -187,7 +195,7 @@ class ConfigKey(str, Generic[T]):
     alias_convert: Callable[[Any], Any] | None
     secret: bool
 
-    def __new__(cls, name: str, type_: type, default: Any, doc: str, group: str,
+    def __new__(cls, name: str, type_: builtins.type[Any], default: Any, doc: str, group: str,
                 validator: Callable[[Any], None] | None = None, *, alias: str | None = None,
                 alias_convert: Callable[[Any], Any] | None = None, secret: bool = False) -> ConfigKey[Any]:
         key = super().__new__(cls, name)
@@ -227,7 +235,11 @@ _KEYS: list[ConfigKey[Any]] = []
 _TOPIC_KEYS: dict[str, ConfigKey[Any]] = {}
 
 
-def _define(name: str, type_: type[T], default: Any, doc: str, group: str, **kwargs: Any) -> ConfigKey[T]:
+# The declared type of a list key: its values are tuples of strings (_parse_list).
+LIST: type[tuple[str, ...]] = tuple
+
+
+def _define(name: str, type_: type[T], default: T | _Required, doc: str, group: str, **kwargs: Any) -> ConfigKey[T]:
     key: ConfigKey[T] = ConfigKey(name, type_, default, doc, group, **kwargs)
     _KEYS.append(key)
     return key
@@ -241,7 +253,7 @@ def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None
 
 
 # Cluster
-BOOTSTRAP_SERVERS = _define("bootstrap.servers", tuple, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
+BOOTSTRAP_SERVERS = _define("bootstrap.servers", LIST, REQUIRED, "The Kafka cluster's bootstrap servers, host:port[,host:port].",
         "cluster", validator=HostPorts())
 
 # Security of the connections tierproxy opens itself (the pipeline, `status`, the
@@ -295,6 +307,9 @@ REMOTE_LOG_STORAGE_LOCAL_DIR = _define("remote.log.storage.local.dir", Path, Pat
 REMOTE_LOG_STORAGE_S3_BUCKET = _define("remote.log.storage.s3.bucket", str, "", "S3 bucket (required with the s3 backend).", "remote storage")
 REMOTE_LOG_STORAGE_S3_ENDPOINT_URL = _define("remote.log.storage.s3.endpoint.url", str, "",
         "S3 endpoint URL; empty for AWS's own endpoints.", "remote storage")
+REMOTE_LOG_STORAGE_S3_SSL_TRUSTSTORE_LOCATION = _define("remote.log.storage.s3.ssl.truststore.location", str, "",
+        "PEM CA certificates that verify an https endpoint.url's certificate (a private CA); empty for the "
+        "system's trust store.", "remote storage")
 REMOTE_LOG_STORAGE_S3_REGION = _define("remote.log.storage.s3.region", str, "us-east-1", "S3 region.", "remote storage")
 REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID = _define("remote.log.storage.s3.access.key.id", str, "",
         "S3 access key id; empty to use the default AWS credential chain.", "remote storage")
@@ -319,7 +334,7 @@ REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID = _define("remote.log.storage.s3.sse.kms.ke
         "remote storage")
 
 # Envelope encryption of remote segments (storage/encryption.py)
-REMOTE_LOG_STORAGE_ENCRYPTION_KEYS = _define("remote.log.storage.encryption.keys", tuple, (),
+REMOTE_LOG_STORAGE_ENCRYPTION_KEYS = _define("remote.log.storage.encryption.keys", LIST, (),
         "Key-encryption keys, `ID:FILE[,ID:FILE...]`: each file holds one line, the base64 of 32 random "
         "bytes (`openssl rand -base64 32`). Each segment's manifest names the key that wraps its data key; "
         "keep a key listed while any segment uses it (`tierproxy status` tells).", "remote storage encryption",
@@ -335,11 +350,18 @@ REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED = _define("remote.log.storage.encryption.
 
 # Remote log metadata
 REMOTE_LOG_METADATA_BACKEND = _define("remote.log.metadata.backend", str, "file",
-        "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata.",
-        "remote log metadata", validator=OneOf(("file", "topic")))
+        "Where segment metadata lives: a local `file` (one machine) or the `topic` __remote_log_metadata; "
+        "or, read-only, `remote`: what the tiering pipeline publishes into the remote store "
+        "(`<prefix>/__remote_log_metadata/`) after each pass, for a proxy with only the store's "
+        "credentials (a read replica) or a fast first start.",
+        "remote log metadata", validator=OneOf(("file", "topic", "remote")))
 REMOTE_LOG_METADATA_DIR = _define("remote.log.metadata.dir", Path, Path("tierproxy-data/metadata"),
         "Directory of the file backend, and of the topic backend's materialized flat files.",
         "remote log metadata")
+REMOTE_LOG_REPLICA_REFRESH_INTERVAL_MS = _define("remote.log.replica.refresh.interval.ms", int, 5_000,
+        "With remote.log.metadata.backend=remote, how often the metadata published into the remote store "
+        "is read again (one GET of its head when nothing changed): new remote segments are served at "
+        "most this much later.", "remote log metadata", validator=Range(1))
 REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS = _define("remote.log.metadata.topic.num.partitions", int, 50,
         "Partitions of __remote_log_metadata when it is created.", "remote log metadata", validator=Range(1))
 REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR = _define("remote.log.metadata.topic.replication.factor", int, -1,
@@ -454,7 +476,7 @@ PROXY_BOOTSTRAP_PORT = _define("proxy.bootstrap.port", int, 9192, "Port of the p
 PROXY_BROKER_PORT_BASE = _define("proxy.broker.port.base", int, 9193,
         "Without proxy.broker.port.map or proxy.broker.node.id.range, the listener of broker node N is this "
         "port + N.", "proxy", validator=Range(0, 65535))
-PROXY_BROKER_PORT_MAP = _define("proxy.broker.port.map", tuple, (),
+PROXY_BROKER_PORT_MAP = _define("proxy.broker.port.map", LIST, (),
         "The listener port of each broker node, `NODE:PORT[,NODE:PORT...]` (e.g. `1001:9194,1002:9195`). "
         "A node not listed gets no listener: clients are not told about it (see docs/operations.md).",
         "proxy", validator=PortMap())
@@ -511,8 +533,14 @@ REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES = _define("remote.log.chunk.cache.size.bytes",
 REMOTE_LOG_CHUNK_SIZE_BYTES = _define("remote.log.chunk.size.bytes", int, 4 * MIB, "Size of one ranged read from a remote segment.",
         "proxy", validator=Range(4096))
 REMOTE_LOG_READ_AHEAD_CHUNKS = _define("remote.log.read.ahead.chunks", int, 2,
-        "Chunks prefetched after a sequential read, carrying on into the next segment near a segment's end.",
+        "Fewest chunks prefetched after a sequential read, carrying on into the next segment near a segment's "
+        "end. More are kept in flight where the store's observed first-byte latency needs them: "
+        "ceil(latency / chunk transfer time) + 1, up to remote.log.read.ahead.max.chunks; 0 turns read-ahead off.",
         "proxy", validator=Range(0))
+REMOTE_LOG_READ_AHEAD_MAX_CHUNKS = _define("remote.log.read.ahead.max.chunks", int, 8,
+        "Most chunks prefetched ahead of one sequential reader (ranged reads in flight for one segment), "
+        "however long the store takes to answer; the chunk cache's size bounds them too.",
+        "proxy", validator=Range(1))
 REMOTE_LOG_READER_THREADS = _define("remote.log.reader.threads", int, 10, "Remote reads running at once.", "proxy", validator=Range(1))
 REMOTE_LOG_READER_MAX_PENDING_TASKS = _define("remote.log.reader.max.pending.tasks", int, 100,
         "Remote reads waiting for a reader; beyond that a partition gets an immediate error.", "proxy",
@@ -566,6 +594,17 @@ class TopicConfig:
     segment_ms: int
 
 
+class Settings(Protocol):
+    """What reads settings: a `Config`, or a mapping of key names to parsed values (such as
+    `Config.values`). Indexed with a `ConfigKey[T]`, a `Config` gives a T."""
+
+    @overload
+    def __getitem__(self, name: ConfigKey[T], /) -> T: ...
+
+    @overload
+    def __getitem__(self, name: str, /) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Config:
     values: Mapping[str, Any]
@@ -580,6 +619,15 @@ class Config:
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
+
+    @overload
+    def get(self, name: ConfigKey[T]) -> T | None: ...
+
+    @overload
+    def get(self, name: ConfigKey[T], default: D) -> T | D: ...
+
+    @overload
+    def get(self, name: str, default: Any = None) -> Any: ...
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)
@@ -667,8 +715,8 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
                 raise ConfigError(f"{name} and {key.name} set the same thing; give only one")
             values[key.name] = key.parse(text, as_name=name)
         elif name.startswith(_TOPIC_PREFIX) and (split := _split_topic_key(name)):
-            topic, key = split
-            topic_overrides.setdefault(topic, {})[key] = TOPIC_KEYS[key].parse(text, as_name=name)
+            topic, setting = split
+            topic_overrides.setdefault(topic, {})[setting] = TOPIC_KEYS[setting].parse(text, as_name=name)
         else:
             raise ConfigError(f"{name}: unknown configuration key{_suggest(name)}")
     for key in _KEYS:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # config/__init__.py imports this module
+    from . import Settings
 
 __all__ = ("NODE_ID_PLACEHOLDER", "NodePorts", "advertised_host", "check_host_pattern", "node_id_range",
            "port_map")
@@ -75,7 +78,7 @@ def check_host_pattern(pattern: str) -> None:
         raise ValueError("is not a host name once the node id is in (letters, digits, '.', '-', '_', ':')")
 
 
-def advertised_host(values: Mapping[str, Any], node_id: int | None) -> str:
+def advertised_host(values: Settings, node_id: int | None) -> str:
     """The host clients are told for broker node `node_id` (None: the bootstrap listener)."""
     pattern = values["proxy.advertised.host.pattern"]
     if node_id is not None and pattern:
@@ -93,7 +96,7 @@ class NodePorts:
     base: int
 
     @classmethod
-    def of(cls, values: Mapping[str, Any]) -> NodePorts:
+    def of(cls, values: Settings) -> NodePorts:
         """From parsed configuration values (a Config or its mapping)."""
         mapped = port_map(values[MAP]) if values[MAP] else None
         return cls(mapped, node_id_range(values[RANGE]), values[START], values[BASE])
@@ -127,7 +130,7 @@ class NodePorts:
         return f"{BASE}={self.base}"
 
 
-def check(values: Mapping[str, Any]) -> None:
+def check(values: Settings) -> None:
     """What no single key can tell: ValueError naming the keys."""
     if values[MAP] and values[RANGE]:
         raise ValueError(f"{MAP} and {RANGE} both give the brokers' ports; give only one")

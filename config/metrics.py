@@ -8,6 +8,7 @@ both serve metrics.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
 
@@ -36,7 +37,7 @@ def register_build_info(registry: CollectorRegistry) -> Gauge:
     return info
 
 
-def metrics_endpoint(host: str, port: int, registry: CollectorRegistry):  # type: ignore[no-untyped-def]
+def metrics_endpoint(host: str, port: int, registry: CollectorRegistry) -> WSGIServer:
     """The Prometheus HTTP endpoint (its server, to shut down), or OSError naming the address."""
     from prometheus_client import start_http_server
 

@@ -11,18 +11,23 @@ Every other COPY_SEGMENT_STARTED segment of the partition (a failed attempt, a
 speculative duplicate, a run that crashed) is an orphan: DELETE_SEGMENT_STARTED ->
 objects deleted -> DELETE_SEGMENT_FINISHED. A segment left in DELETE_SEGMENT_STARTED by a
 crash during a delete is finished by remote retention, which runs later in every pass.
+
+At the end of every pass the metadata store's state is published into the remote store
+(`publishing_metadata`), after its commits: the bucket is never ahead of the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.bucket import publish
 from tierproxy.storage.model import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -144,3 +149,25 @@ def _check_continuity(remote_end: int | None, m: RemoteLogSegmentMetadata, *, fi
     kind = "overlaps" if m.start_offset < expected else "leaves a gap after"
     raise CommitError(
         f"segment {m.segment_id.id} [{m.start_offset}, {m.end_offset}] {kind} the remote log ending at {remote_end}")
+
+
+
+@contextlib.asynccontextmanager
+async def publishing_metadata(rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager,
+                              failed: Callable[[str], None], *, skip: bool = False) -> AsyncIterator[None]:
+    """Around a pass: on the way out, however it went, publishes what the metadata store
+    holds then (tasks' writes included) into the remote store, for readers with only its
+    credentials (`storage.metadata.bucket`); tells `failed` why that failed, if it did.
+    The next pass publishes whatever this one could not."""
+    try:
+        yield
+    finally:
+        if not skip:
+            try:
+                await rlmm.refresh()
+                published = await publish(rsm, rlmm.partition_states())
+                log.info("remote log metadata generation %d published: %d partition(s) changed%s",
+                         published.generation, published.partitions_changed,
+                         ", a new snapshot" if published.compacted else "")
+            except Exception as e:  # noqa: BLE001 - told as the pass's failure, never hiding the pass's own
+                failed(log_failure(log, logging.ERROR, "publishing the remote log metadata into the remote store", e))

@@ -41,7 +41,7 @@ from tierproxy.config import (
     REMOTE_LOG_METADATA_BACKEND,
 )
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
-from tierproxy.storage.indexes import LeaderEpochCheckpoint, ProducerState, segment_file_name
+from tierproxy.storage.indexes import EpochEntry, LeaderEpochCheckpoint, ProducerState, segment_file_name
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.serde import deserialize, serialize
 from tierproxy.storage.errors import RemoteStorageError
@@ -80,7 +80,7 @@ class CopyResult:
     error: str | None = None  # set when the last allowed attempt failed: nothing to commit
 
     def metadata(self) -> list[RemoteLogSegmentMetadata]:
-        return [deserialize(s) for s in self.segments]  # type: ignore[misc]
+        return [deserialize(s) for s in self.segments]  # type: ignore[misc]  # segments holds only these
 
 
 def metadata_manager(
@@ -248,16 +248,16 @@ async def copy_partition(
     return result
 
 
-async def _initial_state(rsm: RemoteStorageManager, plan: PartitionPlan) -> tuple[ProducerState, list]:
+async def _initial_state(rsm: RemoteStorageManager, plan: PartitionPlan) -> tuple[ProducerState, tuple[EpochEntry, ...]]:
     """Producer state and leader epochs at the range start: those the previous remote segment
     shipped, or empty for a partition's first segment (or after a gap)."""
     if plan.previous_segment is None:
-        return ProducerState(), []
+        return ProducerState(), ()
     previous = deserialize(plan.previous_segment)
     assert isinstance(previous, RemoteLogSegmentMetadata)
     snapshot = await rsm.fetch_index(previous, IndexType.PRODUCER_SNAPSHOT)
     checkpoint = await rsm.fetch_index(previous, IndexType.LEADER_EPOCH)
-    return ProducerState.from_snapshot(snapshot), list(LeaderEpochCheckpoint.parse(checkpoint).entries)
+    return ProducerState.from_snapshot(snapshot), tuple(LeaderEpochCheckpoint.parse(checkpoint).entries)
 
 
 def _inject_failure(rsm: RemoteStorageManager, after_objects: int) -> None:

@@ -40,7 +40,7 @@ import contextlib
 import json
 import tempfile
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -332,7 +332,9 @@ async def _topic_partitions(rlmm: RemoteLogMetadataManager, options: ReadOptions
 async def _partition_slices(reader: RemoteLogReader, tp: TopicIdPartition, options: ReadOptions) -> list[SegmentSlice]:
     """The partition's remote log walked by leader-epoch lineage, cut to the options' bounds."""
     log_start = reader.segments.rlmm.log_start_offset(tp)
-    pieces = [] if log_start is None else list(reader.segments.walk(tp, log_start))
+    if log_start is None:
+        return []
+    pieces = list(reader.segments.walk(tp, log_start))
     if not pieces:
         return []
     log_end = pieces[-1][0].end_offset + 1
@@ -394,7 +396,7 @@ def read_slice(
 
 async def _arrow_batches(
     config: Config, piece: SegmentSlice, topic: str, starting_timestamp: int | None, ending_timestamp: int | None
-) -> AsyncIterator[pa.RecordBatch]:
+) -> AsyncGenerator[pa.RecordBatch, None]:
     rows = _ArrowRows(topic, piece.segment.topic_id_partition.partition)
     async with _reader(config) as reader:
         position = await _start_position(reader, piece, starting_timestamp)

@@ -59,8 +59,10 @@ async def dry_copy(config: Config, cluster: Cluster, rsm: RemoteStorageManager, 
     the tail left waiting."""
     recording = _Recording(rsm)
     with tempfile.TemporaryDirectory(prefix=f"tierproxy-dry-run-{plan.topic}-{plan.partition}-") as work_dir:
-        result = await copy_partition(config, plan, cluster=cluster, rsm=recording,  # type: ignore[arg-type]
-                                      rlmm=recording, work_dir=Path(work_dir))  # type: ignore[arg-type]
+        result = await copy_partition(config, plan, cluster=cluster,
+                                      rsm=recording,  # type: ignore[arg-type]  # stands in with what a copy calls
+                                      rlmm=recording,  # type: ignore[arg-type]  # likewise
+                                      work_dir=Path(work_dir))
     return [dataclasses.replace(m, state=S.COPY_SEGMENT_FINISHED) for m in recording.added], result.pending_bytes
 
 

@@ -132,6 +132,7 @@ async def plan_pass(
             previous_segment=_previous_segment(rlmm, tip, start),
         )
         if plan.gap:
+            assert remote_end is not None  # a gap is one after the remote end
             log.error(
                 "GAP in %s-%d: remote storage ends at offset %d but the broker's log starts at %d; "
                 "offsets [%d, %d) were deleted locally before they were tiered and are lost",

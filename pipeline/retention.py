@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from tierproxy.config import Config
 from tierproxy.storage.metadata import RemoteLogMetadataManager
@@ -31,7 +31,11 @@ from .local_retention import LocalTrim, apply_local_retention
 from .partition_remover import PartitionRemoval, remove_deleted_partitions
 from .remote_retention import RemoteExpiry, apply_remote_retention
 
-T = TypeVar("T")
+class _StepResult(Protocol):
+    failures: list[tuple[str, str]]  # (partition, error)
+
+
+T = TypeVar("T", bound=_StepResult)
 log = logging.getLogger(__name__)
 
 LOCAL_RETENTION = "local retention"
@@ -109,7 +113,7 @@ async def _step(report: RetentionReport, step: str, run: Awaitable[T]) -> T | No
     except Exception as e:
         report.failures.append(_step_failed(step, e))
         return None
-    report.failures += _partition_failures(step, result.failures)  # type: ignore[attr-defined]
+    report.failures += _partition_failures(step, result.failures)
     return result
 
 

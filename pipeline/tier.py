@@ -78,14 +78,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tierproxy.client.cluster import Cluster
-from tierproxy.config import Config, REMOTE_LOG_METADATA_DIR
+from tierproxy.config import Config, ConfigError, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR
 from tierproxy.config.tables import text_table
 from tierproxy.storage.backoff import ExponentialBackoff
 from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.quota import QuotaSettings, RateQuota, copy_quota_settings
 
-from .commit import CommitResult, clean_orphans, commit_partition
+from .commit import CommitResult, clean_orphans, commit_partition, publishing_metadata
 from .copy import CopyResult, copy_task, metadata_manager
 from .dry_run import dry_pass
 from .failures import log_failure, one_line
@@ -155,6 +155,7 @@ class PassReport:
     # (topic, partition): error, for partitions left out of the pass (their leader did not answer)
     unplanned: dict[tuple[str, int], str] = field(default_factory=dict)
     dry_run: bool = False  # what a pass would do (`pipeline.dry_run`); nothing was changed
+    publish_error: str | None = None  # the remote log metadata could not be published into the store
 
     @property
     def segments(self) -> int:
@@ -177,6 +178,7 @@ class PassReport:
         errors = [f"pass: {self.error}"] if self.error else []
         errors += [f"{topic}-{partition}: not planned: {error}" for (topic, partition), error in self.unplanned.items()]
         errors += [f"{p.name}: {p.error}" for p in self.partitions if p.error]
+        errors += [f"publishing remote log metadata: {self.publish_error}"] if self.publish_error else []
         failures = getattr(self.retention, "failures", None) or []
         errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
         errors += [error for _, error in self.disabled.refused]
@@ -185,6 +187,9 @@ class PassReport:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def publish_failed(self, error: str) -> None:
+        self.publish_error = error
 
 
 # ----------------------------------------------------------------------------- the Spark job
@@ -278,8 +283,12 @@ def _retention_step():
 async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool,
                 dry_run: bool = False) -> None:
     """Fills `report` as it goes, so that what was done is reported when a step fails."""
+    if config[REMOTE_LOG_METADATA_BACKEND] == "remote":
+        raise ConfigError("remote.log.metadata.backend=remote is read-only: the pipeline keeps the metadata in "
+                          "its `file` or `topic` store and publishes it into the remote store itself")
+    # After the pass's last commit, even one that stopped it: the bucket is never ahead of the store.
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
-            metadata_manager(config) as rlmm:
+            metadata_manager(config) as rlmm, publishing_metadata(rlmm, rsm, report.publish_failed, skip=dry_run):
         plans = await plan_pass(config, cluster, rlmm, unplanned=report.unplanned)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())

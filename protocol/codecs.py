@@ -38,6 +38,7 @@ from kio.schema.index import api_key_map
 from kio.schema.index import schema_name_map
 from kio.serial import entity_reader
 from kio.serial import entity_writer
+from kio.static.protocol import Entity
 
 from .apis import ApiKey
 from .errors import DecodeError
@@ -95,7 +96,7 @@ INTERCEPTED: Mapping[ApiKey, range] = MappingProxyType(
 )
 
 
-def preload(api_keys: Iterable[int] = INTERCEPTED) -> None:
+def preload(api_keys: Iterable[ApiKey] = INTERCEPTED) -> None:
     """Import the schemas of the intercepted APIs at every version and build their codecs,
     so that a server pays for it at start-up rather than on its clients' first requests."""
     for api_key in api_keys:
@@ -107,18 +108,18 @@ def preload(api_keys: Iterable[int] = INTERCEPTED) -> None:
 
 
 @functools.cache  # kio resolves the module path anew on every call (~75 us a request)
-def _schema(load: Callable[[int, int], type], api_key: int, api_version: int) -> type:
+def _schema(load: Callable[[int, int], type[Entity]], api_key: int, api_version: int) -> type[Entity]:
     try:
         return load(api_key, api_version)
     except KioIndexError as e:
         raise DecodeError(f"no schema for api key {api_key} version {api_version}") from e
 
 
-def request_schema(api_key: int, api_version: int) -> type:
+def request_schema(api_key: int, api_version: int) -> type[Entity]:
     return _schema(load_request_schema, api_key, api_version)
 
 
-def response_schema(api_key: int, api_version: int) -> type:
+def response_schema(api_key: int, api_version: int) -> type[Entity]:
     return _schema(load_response_schema, api_key, api_version)
 
 
@@ -134,7 +135,7 @@ class SchemaField:
     name: str
     kafka_type: str | None
     """The primitive's Kafka type ("int32", "string", "records", ...); None for an entity."""
-    entity: type | None
+    entity: type[Entity] | None
     """The nested entity's class; None for a primitive."""
     array: bool
     nullable: bool
@@ -155,7 +156,7 @@ def _without_none(annotation: Any) -> tuple[Any, bool]:
 
 
 @functools.cache
-def schema_fields(schema: type) -> tuple[SchemaField, ...]:
+def schema_fields(schema: type[Entity]) -> tuple[SchemaField, ...]:
     """The fields of a kio schema (payload, header or nested entity), in wire order."""
     out = []
     for field in fields(schema):
@@ -166,7 +167,8 @@ def schema_fields(schema: type) -> tuple[SchemaField, ...]:
             if ellipsis is not Ellipsis:
                 raise TypeError(f"{schema.__name__}.{field.name}: {annotation} is not an array")
             annotation, _ = _without_none(element)
-        entity = annotation if dataclasses.is_dataclass(annotation) else None
+        # A dataclass here is one of kio's entity classes (with __version__ and __flexible__).
+        entity = typing.cast("type[Entity]", annotation) if dataclasses.is_dataclass(annotation) else None
         kafka_type = None if entity is not None else field.metadata.get("kafka_type")
         if entity is None and not isinstance(kafka_type, str):
             raise TypeError(f"{schema.__name__}.{field.name}: neither an entity nor a kafka_type")
@@ -176,13 +178,13 @@ def schema_fields(schema: type) -> tuple[SchemaField, ...]:
 
 
 @functools.cache
-def nested_entities(schema: type) -> Mapping[str, type]:
+def nested_entities(schema: type[Entity]) -> Mapping[str, type[Entity]]:
     """Every entity class a schema nests, at any depth, by class name: the classes a
     filter needs to build a response of the client's version (ListOffsets' topics and
     partitions) without importing the module of each version."""
-    found: dict[str, type] = {}
+    found: dict[str, type[Entity]] = {}
 
-    def visit(entity: type) -> None:
+    def visit(entity: type[Entity]) -> None:
         for field in schema_fields(entity):
             if field.entity is not None and field.entity.__name__ not in found:
                 found[field.entity.__name__] = field.entity
@@ -308,7 +310,7 @@ def _as_walk(step: _Walk | int) -> _Walk:
 
 
 @functools.cache
-def _entity_walk(entity_type: type, nullable: bool = False) -> _Walk:
+def _entity_walk(entity_type: type[Entity], nullable: bool = False) -> _Walk:
     flexible = entity_type.__flexible__
     steps: list[_Walk | int] = []
     tagged: dict[int, _Walk] = {}
@@ -361,16 +363,16 @@ def _tagged_fields_walk(buffer: memoryview, pos: int, end: int, known: dict[int,
 
 
 @functools.cache
-def _reader(schema: type) -> Callable[[Buffer, int], tuple[Any, int]]:
+def _reader(schema: type[Entity]) -> Callable[[Buffer, int], tuple[Any, int]]:
     return entity_reader(schema)
 
 
 @functools.cache
-def _writer(schema: type) -> Callable[[io.BytesIO, Any], None]:
+def _writer(schema: type[Entity]) -> Callable[[io.BytesIO, Any], None]:
     return entity_writer(schema)
 
 
-def _decode(schema: type, payload: Buffer, checked: bool = False) -> Any:
+def _decode(schema: type[Entity], payload: Buffer, checked: bool = False) -> Any:
     # kio's native reader refuses writable buffers; frames from FrameDecoder are views
     # of a bytearray, so hand it a read-only view of the same memory (no copy).
     view = memoryview(payload).cast("B").toreadonly()
@@ -410,7 +412,7 @@ def decode_response(api_key: int, api_version: int, payload: Buffer) -> Any:
     return _decode(response_schema(api_key, api_version), payload)
 
 
-def _encode(header: bytes, payload: Any) -> bytes:
+def _encode(header: bytes, payload: Entity) -> bytes:
     buffer = io.BytesIO()
     buffer.write(header)
     _writer(type(payload))(buffer, payload)
@@ -466,7 +468,7 @@ def decode_response_frame(api_key: int, api_version: int, frame: Buffer) -> tupl
     return correlation_id, decode_response(api_key, api_version, body[offset:])
 
 
-def make_entity(schema: type, **values: Any) -> Any:
+def make_entity(schema: type[Entity], **values: Any) -> Any:
     """A kio entity of one version from the values of the fields that version has.
 
     Handlers build responses for many versions at once; fields a version lacks

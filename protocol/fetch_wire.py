@@ -337,7 +337,7 @@ def encode_fetch_response(
     throttle_time_ms: int = 0,
     error_code: int = 0,
     session_id: int = 0,
-    tagged_fields: bytes = _NO_TAGGED_FIELDS,
+    tagged_fields: Buffer = _NO_TAGGED_FIELDS,
 ) -> list[Buffer]:
     """A Fetch response payload as buffers for `writelines`. A partition is either a
     RemotePartition or the bytes of one the broker encoded at the same version (a
@@ -353,7 +353,7 @@ def encode_fetch_response(
     head += _length(len(topics), flexible)
     for key, partitions in topics:
         if version >= TOPIC_ID_VERSION:
-            head += key.bytes  # type: ignore[union-attr]
+            head += key.bytes  # type: ignore[union-attr]  # topics go by id from TOPIC_ID_VERSION on
         else:
             name = str(key).encode()
             head += _uvarint(len(name) + 1) if flexible else _INT16.pack(len(name))

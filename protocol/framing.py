@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import struct
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import FrameError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+# A frame keeps its parts' own type (bytes in, bytes out: what writelines is typed to take).
+_Part = TypeVar("_Part", bound="Buffer")
 
 __all__ = (
     "DEFAULT_MAX_FRAME_BYTES",
@@ -136,7 +139,7 @@ def split_frames(buffer: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES)
     return [view[start:end] for start, end in bounds]
 
 
-def encode_frame(*parts: Buffer) -> list[Buffer]:
+def encode_frame(*parts: _Part) -> list[_Part | bytes]:
     """The size prefix followed by ``parts``, for ``writelines`` without joining."""
     size = sum(memoryview(part).nbytes for part in parts)
     if size > _MAX_SIZE:

@@ -88,7 +88,7 @@ def read_unsigned_varint(buffer: Buffer, pos: int, end: int) -> tuple[int, int]:
     while True:
         if pos >= end:
             raise DecodeError("truncated varint")
-        byte = buffer[pos]  # type: ignore[index]
+        byte = buffer[pos]  # type: ignore[index]  # a byte buffer (bytes, bytearray, a "B" view)
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
@@ -159,7 +159,7 @@ def encode_response_header(correlation_id: int, header_version: int) -> bytes:
     return header + _NO_TAGGED_FIELDS if header_version == 1 else header
 
 
-def parse_response_header(body: Buffer, header_version: int) -> tuple[int, int]:
+def parse_response_header(body: Buffer, header_version: int | None) -> tuple[int, int]:
     """(correlation id, payload offset) of a response frame body."""
     view = memoryview(body).cast("B")
     if len(view) < _INT32.size:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator
 from typing import Final, NamedTuple
 
 import crc32c
@@ -375,7 +375,7 @@ def log_batches(
 
 async def log_batches_async(
     chunks: AsyncIterable[bytes | bytearray | memoryview], *, position: int = 0, end: int | None = None
-) -> AsyncIterator[Batch]:
+) -> AsyncGenerator[Batch, None]:
     """`log_batches` over chunks that arrive asynchronously (a chunk is awaited only when
     a batch needs it)."""
     reassembly = _Reassembly(position, end)

@@ -13,6 +13,7 @@ from kio.schema.delete_records.v2 import request as delete_records
 from kio.schema.fetch.v12 import request as fetch
 from kio.schema.list_offsets.v7 import request as list_offsets
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 READ_UNCOMMITTED = 0
@@ -25,7 +26,7 @@ def milliseconds(value: int) -> i32Timedelta:
 
 def metadata_request(names: Iterable[str] | None) -> MetadataRequest:
     """Metadata of the named topics, or of every topic when `names` is None; never creates one."""
-    topics = None if names is None else tuple(MetadataRequestTopic(topic_id=None, name=n) for n in names)
+    topics = None if names is None else tuple(MetadataRequestTopic(topic_id=None, name=TopicName(n)) for n in names)
     return MetadataRequest(topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
 
 
@@ -34,11 +35,11 @@ def list_offsets_request(
 ) -> list_offsets.ListOffsetsRequest:
     """One timestamp (or special offset spec) for every listed partition."""
     return list_offsets.ListOffsetsRequest(
-        replica_id=i32(-1),
+        replica_id=BrokerId(-1),
         isolation_level=i8(isolation_level),
         topics=tuple(
             list_offsets.ListOffsetsTopic(
-                name=name,
+                name=TopicName(name),
                 partitions=tuple(
                     list_offsets.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(timestamp)) for p in ps
                 ),
@@ -66,7 +67,7 @@ def fetch_request(
         isolation_level=i8(isolation_level),
         topics=(
             fetch.FetchTopic(
-                topic=topic,
+                topic=TopicName(topic),
                 partitions=(
                     fetch.FetchPartition(
                         partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)
@@ -85,7 +86,7 @@ def delete_records_request(
     return delete_records.DeleteRecordsRequest(
         topics=tuple(
             delete_records.DeleteRecordsTopic(
-                name=name,
+                name=TopicName(name),
                 partitions=tuple(
                     delete_records.DeleteRecordsPartition(partition_index=i32(p), offset=i64(o)) for p, o in ps
                 ),

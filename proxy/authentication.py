@@ -41,7 +41,8 @@ import logging
 import struct
 import time
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from tierproxy.config import (
     BROKER_CONNECTION_SETUP_TIMEOUT_MS,
@@ -231,7 +232,7 @@ class UpstreamListener:
     connection starts while nothing is known, at most once per PROBE_INTERVAL_S.
     """
 
-    def __init__(self, config: Config, probe: Callable[[], Awaitable[object]] | None = None) -> None:
+    def __init__(self, config: Config, probe: Callable[[], Coroutine[Any, Any, object]] | None = None) -> None:
         self.configured = config[SECURITY_PROTOCOL].startswith("SASL_")
         self.needs_sasl: bool | None = True if self.configured else None
         self._max_receive_size: int = config[SASL_SERVER_MAX_RECEIVE_SIZE]

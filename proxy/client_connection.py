@@ -43,7 +43,7 @@ import struct
 import time
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tierproxy.protocol.acks import expects_response
 from tierproxy.protocol.errors import DecodeError, FrameError, ProtocolError
@@ -129,8 +129,8 @@ class _Upstream(asyncio.Protocol):
         self.decoder = FrameDecoder(MAX_RESPONSE_BYTES)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        _tune(transport)
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's
+        _tune(self.transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -162,18 +162,18 @@ class _Upstream(asyncio.Protocol):
         self.owner.unblock_client_reads("upstream write buffer full")
 
 
-def _tune(transport: asyncio.BaseTransport, high_water: int = WRITE_HIGH_WATER) -> None:
+def _tune(transport: asyncio.Transport, high_water: int = WRITE_HIGH_WATER) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         # Kafka requests and responses are small and latency-bound.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    transport.set_write_buffer_limits(high=high_water, low=high_water // 4)  # type: ignore[attr-defined]
+    transport.set_write_buffer_limits(high=high_water, low=high_water // 4)
 
 
 def _as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return [data]
-    return list(data)  # type: ignore[arg-type]
+    return list(data)  # type: ignore[arg-type]  # not one buffer, so a sequence of them
 
 
 class ClientConnection(asyncio.Protocol):
@@ -218,10 +218,10 @@ class ClientConnection(asyncio.Protocol):
     # --- client side -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._client = transport  # type: ignore[assignment]
-        _tune(transport)
-        self._writer = PacedWriter(transport, self._max_pending_response_bytes,  # type: ignore[arg-type]
-                                   self._client_fell_behind, self._client_caught_up)
+        client = self._client = cast(asyncio.Transport, transport)  # a stream connection's
+        _tune(client)
+        self._writer = PacedWriter(client, self._max_pending_response_bytes, self._client_fell_behind,
+                                   self._client_caught_up)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.ip = peer[0] if isinstance(peer, tuple) else str(peer)
@@ -230,7 +230,7 @@ class ClientConnection(asyncio.Protocol):
         if refusal is not None:
             self._closed = True
             self._metrics.connections_rejected.labels(refusal).inc()
-            transport.abort()
+            client.abort()
             return
         self._metrics.connections_active.labels(self.listener).inc()
         # Nothing is read until the broker connection exists to forward it to.
@@ -456,7 +456,7 @@ class ClientConnection(asyncio.Protocol):
         assert upstream is not None and upstream.transport is not None
         if in_flight is not None:
             self._in_flight.append(in_flight)
-        upstream.transport.writelines(parts)
+        upstream.transport.writelines(parts)  # type: ignore[arg-type]  # transports take any byte buffer; typeshed names only bytes, bytearray, memoryview
 
     # --- responses ---------------------------------------------------------------------
 
@@ -510,7 +510,7 @@ class ClientConnection(asyncio.Protocol):
                 leases.release()
             return
         self._last_activity = time.monotonic()
-        size = sum(len(part) for part in parts)  # type: ignore[arg-type]
+        size = sum(len(part) for part in parts)  # type: ignore[arg-type, misc]  # byte buffers: len is the size
         self._metrics.client_bytes_out.inc(size)
         writer.write(parts, leases)
         if self._waiting and len(self._orderer) < self._max_in_flight:

@@ -79,10 +79,10 @@ class ResponseOrderer:
 
     def _flush(self) -> None:
         slots = self._slots
-        while slots and slots[0].parts is not None:
+        while slots and (parts := slots[0].parts) is not None:
             slot = slots.popleft()
-            parts, slot.parts, leases, slot.leases = slot.parts, None, slot.leases, None
-            self._write(parts, leases)  # type: ignore[arg-type]
+            leases, slot.parts, slot.leases = slot.leases, None, None
+            self._write(parts, leases)
 
     def clear(self) -> None:
         """The connection closed: nothing more is owed; the leases of responses that

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
+from wsgiref.simple_server import WSGIServer
 
 from tierproxy.config import (
     Config,
@@ -177,7 +178,7 @@ def _reserve_port(host: str) -> socket.socket:
     return sock
 
 
-def _metrics_endpoint(config: Config, metrics_dir: str):  # type: ignore[no-untyped-def]
+def _metrics_endpoint(config: Config, metrics_dir: str) -> WSGIServer:
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 

@@ -28,6 +28,7 @@ from tierproxy.config import (
     REMOTE_LOG_READER_MAX_PENDING_TASKS,
     REMOTE_LOG_READER_THREADS,
     REMOTE_LOG_READ_AHEAD_CHUNKS,
+    REMOTE_LOG_READ_AHEAD_MAX_CHUNKS,
 )
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import TopicIdPartition
@@ -76,6 +77,9 @@ class RemoteReadEngine:
             chunk_size=config[REMOTE_LOG_CHUNK_SIZE_BYTES],
             max_bytes=config[REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES],
             read_ahead_chunks=config[REMOTE_LOG_READ_AHEAD_CHUNKS],
+            # The reader's read-ahead grows up to this where the store's latency needs it.
+            max_prefetch_per_segment=max(config[REMOTE_LOG_READ_AHEAD_CHUNKS],
+                                         config[REMOTE_LOG_READ_AHEAD_MAX_CHUNKS]),
             metrics=metrics.cache("chunk"),
         )
         return cls(

@@ -46,7 +46,7 @@ import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -67,6 +67,7 @@ from tierproxy.storage.rsm import RemoteStorageManager
 
 from .failures import Cause, cause_of
 from .metrics import RemoteMetrics
+from .read_ahead import ReadAhead
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
 from .throttled_log import ThrottledLog
 from .transactions import collect_aborted
@@ -140,6 +141,10 @@ class RemoteLogReader:
         self.rsm = rsm
         self.index_cache = index_cache
         self.chunk_cache = chunk_cache
+        # Chunks in flight ahead of a sequential reader, from the store's observed latency.
+        self.read_ahead = ReadAhead(chunk_cache.read_ahead_chunks,
+                                    max(chunk_cache.read_ahead_chunks, chunk_cache.max_prefetch_per_segment, 1))
+        rsm.observe_range_reads(self.read_ahead.observe)
         self.metrics = metrics if metrics is not None else RemoteMetrics()
         self._segments = RemoteLogSegments(rlmm) if rlmm is not None else None
         # Whether the store checks each segment's `.log` blocks (False: its batches are checked here).
@@ -203,6 +208,7 @@ class RemoteLogReader:
         if segment is None:
             return RemoteReadResult([], 0, fetch_offset, -1 if log_start is None else log_start,
                                     offset_out_of_range=True)
+        assert log_start is not None  # a segment is looked for only from the log start on
         while True:
             read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch)
             if read.found:
@@ -255,7 +261,8 @@ class RemoteLogReader:
         offset index and first chunks load while this one is served, so a sequential reader
         does not wait for the store's first byte at every segment boundary."""
         cache = self.chunk_cache
-        beyond = position // cache.chunk_size + cache.read_ahead_chunks - (cache.chunk_count(segment) - 1)
+        ahead = self.read_ahead.chunks(cache.chunk_size)
+        beyond = position // cache.chunk_size + ahead - (cache.chunk_count(segment) - 1)
         if beyond <= 0:
             return
         following = self.segments.following(segment, leader_epoch)
@@ -352,7 +359,7 @@ class RemoteLogReader:
 
     async def batches(
         self, segment: RemoteLogSegmentMetadata, position: int = 0, *, from_offset: int = 0, read_ahead: bool = True
-    ) -> AsyncIterator[Batch]:
+    ) -> AsyncGenerator[Batch, None]:
         """The segment's batches from byte `position` of its `.log` (a batch boundary, as the
         offset index gives), those ending before `from_offset` passed over, none past the
         segment's end offset. Bytes that cannot be what Kafka wrote raise CorruptRemoteSegment
@@ -365,7 +372,7 @@ class RemoteLogReader:
 
     async def _batches(
         self, segment: RemoteLogSegmentMetadata, position: int, from_offset: int, *, read_ahead: bool
-    ) -> AsyncIterator[Batch]:
+    ) -> AsyncGenerator[Batch, None]:
         blocks_checked = await self._store_checks_blocks(segment)
         cache = self.chunk_cache
         first = position // cache.chunk_size
@@ -373,13 +380,15 @@ class RemoteLogReader:
         window = ChunkLeases(response=False) if current_leases() is None else None
         held: collections.deque[tuple[int, memoryview]] = collections.deque()
 
-        def from_position(chunk: bytes, index: int) -> bytes | memoryview:
+        def from_position(chunk: bytes | memoryview, index: int) -> bytes | memoryview:
             return memoryview(chunk)[position - index * cache.chunk_size:] if index == first else chunk
 
-        async def chunks() -> AsyncIterator[bytes | memoryview]:
+        async def chunks() -> AsyncGenerator[bytes | memoryview, None]:
             for index in range(first, cache.chunk_count(segment)):
+                if read_ahead:  # before waiting on a miss: the next chunks load alongside this one
+                    cache.prefetch(segment, index + 1, self.read_ahead.chunks(cache.chunk_size))
                 try:
-                    chunk = await cache.get(segment, index, read_ahead=read_ahead, leases=window)
+                    chunk = await cache.get(segment, index, read_ahead=False, leases=window)
                 except CorruptChunk as e:
                     # The checked bytes in front of the corrupt block still give their whole
                     # batches; the read stops at the block with the store's own error.

@@ -103,7 +103,7 @@ class RemoteLogReaderPool:
         elif len(self._pending) < self.max_pending_tasks:
             self._account()
             entry = (read, future, context)
-            self._pending.append(entry)  # type: ignore[arg-type]
+            self._pending.append(entry)
             future.add_done_callback(lambda _f: self._unqueue(entry))
         else:
             raise ReaderQueueFull(

@@ -15,11 +15,10 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
-from tierproxy.config import REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER
+from tierproxy.config import Settings, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER
 
 __all__ = ("ExponentialBackoff", "read_deadline", "retry_fits")
 
@@ -61,7 +60,7 @@ class ExponentialBackoff:
             raise ValueError(f"retry backoff multiplier must be above 1, got {self.multiplier}")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ExponentialBackoff:
+    def from_config(cls, config: Settings) -> ExponentialBackoff:
         """The backoff of `remote.log.manager.task.retry.backoff.ms`, `...backoff.max.ms` and `...jitter`."""
         return cls(
             config[REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS],

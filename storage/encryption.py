@@ -34,14 +34,14 @@ import binascii
 import os
 import struct
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from tierproxy.config import REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
+from tierproxy.config import Settings, REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY, REMOTE_LOG_STORAGE_ENCRYPTION_KEYS, \
     REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED, ConfigError, key_files
 
 from .errors import CorruptRemoteSegment, DecryptionFailed, EncryptionKeyNotFound, UnencryptedSegment, WrongEncryptionKey
@@ -123,7 +123,7 @@ class KeyRing:
         self.required = required
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | Any) -> KeyRing:
+    def from_config(cls, config: Settings) -> KeyRing:
         """The configuration's keys, each read from its file now (empty when it lists none)."""
         try:
             files = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
@@ -246,7 +246,7 @@ class ObjectCipher:
         return start // self.chunk_bytes * step, min(self.stored_size, (last // self.chunk_bytes + 1) * step)
 
     async def open_range(self, stored: AsyncIterator[bytes | memoryview], start: int, last: int,
-                         where: str, into: memoryview | None = None) -> AsyncIterator[bytes | memoryview]:
+                         where: str, into: memoryview | None = None) -> AsyncGenerator[bytes | memoryview, None]:
         """Content bytes [start, last] from the stored bytes of `stored_range(start, last)`, in
         pieces as they come; each chunk's tag is checked before any of it is passed on. A
         chunk that lies whole inside a piece is opened where it lies; one split between

@@ -6,8 +6,7 @@ one). The topic backend reaches the cluster with the configured security (client
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from tierproxy.client.security import aiokafka_options
 
@@ -15,10 +14,10 @@ from .encryption import KeyRing
 from .metadata import RemoteLogMetadataManager
 from .model import TopicIdPartition
 from .rsm import RemoteStorageManager
-from tierproxy.config import BOOTSTRAP_SERVERS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR, REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS, REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR, REMOTE_LOG_STORAGE_BACKEND, REMOTE_LOG_STORAGE_KEY_PREFIX, REMOTE_LOG_STORAGE_LOCAL_DIR, REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID, REMOTE_LOG_STORAGE_S3_BUCKET, REMOTE_LOG_STORAGE_S3_ENDPOINT_URL, REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS, REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS, REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES, REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES, REMOTE_LOG_STORAGE_S3_REGION, REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS, REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY, REMOTE_LOG_STORAGE_S3_SSE, REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID
+from tierproxy.config import Settings, BOOTSTRAP_SERVERS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER, REMOTE_LOG_METADATA_BACKEND, REMOTE_LOG_METADATA_DIR, REMOTE_LOG_METADATA_TOPIC_NUM_PARTITIONS, REMOTE_LOG_METADATA_TOPIC_REPLICATION_FACTOR, REMOTE_LOG_REPLICA_REFRESH_INTERVAL_MS, REMOTE_LOG_STORAGE_BACKEND, REMOTE_LOG_STORAGE_KEY_PREFIX, REMOTE_LOG_STORAGE_LOCAL_DIR, REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID, REMOTE_LOG_STORAGE_S3_BUCKET, REMOTE_LOG_STORAGE_S3_ENDPOINT_URL, REMOTE_LOG_STORAGE_S3_MAX_ATTEMPTS, REMOTE_LOG_STORAGE_S3_MAX_CONNECTIONS, REMOTE_LOG_STORAGE_S3_MULTIPART_PART_BYTES, REMOTE_LOG_STORAGE_S3_MULTIPART_THRESHOLD_BYTES, REMOTE_LOG_STORAGE_S3_REGION, REMOTE_LOG_STORAGE_S3_REQUEST_TIMEOUT_MS, REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY, REMOTE_LOG_STORAGE_S3_SSE, REMOTE_LOG_STORAGE_S3_SSE_KMS_KEY_ID, REMOTE_LOG_STORAGE_S3_SSL_TRUSTSTORE_LOCATION
 
 
-def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageManager:
+def remote_storage_manager(config: Settings) -> RemoteStorageManager:
     """Reads the encryption keys' files now: a missing or malformed one is a ConfigError
     naming the key and the file."""
     backend = config[REMOTE_LOG_STORAGE_BACKEND]
@@ -35,6 +34,7 @@ def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageMana
             config[REMOTE_LOG_STORAGE_S3_BUCKET],
             prefix,
             endpoint_url=config[REMOTE_LOG_STORAGE_S3_ENDPOINT_URL] or None,
+            ca_location=config[REMOTE_LOG_STORAGE_S3_SSL_TRUSTSTORE_LOCATION] or None,
             region=config[REMOTE_LOG_STORAGE_S3_REGION],
             access_key_id=config[REMOTE_LOG_STORAGE_S3_ACCESS_KEY_ID] or None,
             secret_access_key=config[REMOTE_LOG_STORAGE_S3_SECRET_ACCESS_KEY] or None,
@@ -54,13 +54,14 @@ def remote_storage_manager(config: Mapping[str, Any] | Any) -> RemoteStorageMana
 
 
 def remote_log_metadata_manager(
-    config: Mapping[str, Any] | Any, *, read_only: bool = False, shared: bool = False,
+    config: Settings, *, read_only: bool = False, shared: bool = False,
     partitions: Iterable[TopicIdPartition] | None = None,
 ) -> RemoteLogMetadataManager:
     """Not started yet: `async with` it, or call `start()`.
 
     `read_only` is for readers such as the proxy, which never write metadata: the file
-    backend takes no writer's lock, the topic backend creates no topic and no producer.
+    backend takes no writer's lock, the topic backend creates no topic and no producer. The
+    remote backend is read-only whatever it says (it reads the store with a manager of its own).
     File backend: `shared` for several writers at once (the pipeline's driver and
     tasks), each append under the file's lock. `partitions`: keep only those partitions'
     metadata (a copy task's), loading only what they need.
@@ -84,4 +85,10 @@ def remote_log_metadata_manager(
             read_only=read_only,
             partitions=partitions,
         )
-    raise ValueError(f"remote.log.metadata.backend={backend!r}: must be file or topic")
+    if backend == "remote":
+        from .metadata.bucket import BucketRemoteLogMetadataManager
+
+        return BucketRemoteLogMetadataManager(
+            remote_storage_manager(config), refresh_interval_ms=config[REMOTE_LOG_REPLICA_REFRESH_INTERVAL_MS],
+            partitions=partitions, owns_store=True)
+    raise ValueError(f"remote.log.metadata.backend={backend!r}: must be file, topic or remote")

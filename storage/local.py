@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 from .errors import RemoteResourceNotFound, RemoteStorageError
@@ -70,7 +70,7 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int,
-                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         with _storage_errors(key):
             fd = await asyncio.to_thread(os.open, self.path_of(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -79,7 +79,7 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
             os.close(fd)
 
     async def _pread_chunks(self, key: str, fd: int, first: int, last: int,
-                            into: memoryview | None) -> AsyncIterator[bytes | memoryview]:
+                            into: memoryview | None) -> AsyncGenerator[bytes | memoryview, None]:
         position = first
         while position <= last:
             size = min(self.chunk_bytes, last - position + 1)

@@ -34,8 +34,9 @@ import contextlib
 import asyncio
 import base64
 import enum
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -50,7 +51,7 @@ from .errors import (
     RemoteResourceNotFound,
     RemoteStorageError,
 )
-from .manifest import Crc32cAccumulator, Manifest, ObjectEntry, entry_of
+from .manifest import TAG_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
 
@@ -127,7 +128,7 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         """Stream `.log` bytes [start_position, end_position], both inclusive, in chunks.
 
         Errors surface on the first iteration. A caller that stops early should
@@ -182,10 +183,38 @@ class RemoteStorageManager(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    # Whole objects beside the segments, named below the store's key prefix (the remote log
+    # metadata that storage/metadata/bucket.py publishes and reads). A store of segments only
+    # keeps none.
+
+    async def put_object(self, name: str, data: bytes) -> None:
+        """Stores `data` as the object `name`, replacing it whole."""
+        raise self._no_objects()
+
+    async def get_object(self, name: str) -> bytes:
+        """The object `name`; RemoteResourceNotFound when there is none."""
+        raise self._no_objects()
+
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        """Names of the objects starting with `name_prefix`, sorted."""
+        raise self._no_objects()
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        """Removes the objects; missing ones are not an error."""
+        raise self._no_objects()
+
+    def _no_objects(self) -> RemoteStorageError:
+        return RemoteStorageError(f"{type(self).__name__} keeps no objects but segments", retriable=False)
+
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         """Report each request this manager sends to its store to `observer`, as
         (operation, seconds, succeeded). A manager without requests of its own to
         report ignores it."""
+
+    def observe_range_reads(self, observer: Callable[[float, float, int], None]) -> None:
+        """Report each `read_log_into` that succeeds to `observer`, as (seconds until the
+        store's first byte, seconds for the bytes after it, bytes read): what a reader sizes
+        its read-ahead by. A manager that cannot tell the two apart ignores it."""
 
     async def __aenter__(self) -> RemoteStorageManager:
         return self
@@ -214,9 +243,13 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # Where encrypted chunks are read before they are decrypted into the caller's
         # buffer: reused, so that a read does not fault in fresh memory.
         self._sealed_buffers: list[bytearray] = []
+        self._observe_range_read: Callable[[float, float, int], None] = lambda first_byte, rest, size: None
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         self.observe_request = observer
+
+    def observe_range_reads(self, observer: Callable[[float, float, int], None]) -> None:
+        self._observe_range_read = observer
 
     # -- primitives -------------------------------------------------------------
 
@@ -236,7 +269,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     @abc.abstractmethod
     def _open_range(
         self, key: str, first: int, last: int, into: memoryview | None = None
-    ) -> AbstractAsyncContextManager[tuple[int, AsyncIterator[bytes | memoryview]]]:
+    ) -> AbstractAsyncContextManager[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         """Open bytes [first, last] of an object (inclusive, last < its size).
 
         Yields the object's total size and an iterator over the range's chunks;
@@ -314,7 +347,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     def fetch_log_segment(
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         if start_position < 0:
             raise ValueError(f"start position {start_position} is negative")
         if end_position is not None and end_position < start_position:
@@ -327,7 +360,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     async def _stream_log(
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None, *, into: memoryview | None = None
-    ) -> AsyncIterator[bytes | memoryview]:
+    ) -> AsyncGenerator[bytes | memoryview, None]:
         manifest = await self._manifest(metadata)
         entry = _entry(manifest, metadata, ObjectType.LOG)
         size = entry.size
@@ -357,9 +390,16 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                 target: memoryview | None = memoryview(scratch)[:stop - first]
             else:
                 target = into if sealed is None and first == start and stop == last + 1 else None
+            started = time.monotonic()
             async with self._open_range(key, first, stop - 1, target) as (object_size, chunks):
+                opened = time.monotonic()  # the response's head: its first byte
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
+                if target is not None:
+                    # Whole blocks (or sealed chunks) at a time, so that none is split between
+                    # two pieces and copied together to be checked or opened.
+                    step = sealed.chunk_bytes + TAG_BYTES if sealed is not None else block or 1
+                    chunks = _in_place(chunks, target, step, key)
                 if sealed is not None:
                     chunks = sealed.open_range(chunks, start, last, key, into)
                 elif block:
@@ -369,6 +409,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                     yield chunk
             if delivered != last - start + 1:
                 raise CorruptRemoteSegment(f"{key}: got {delivered} bytes of range [{start}, {last}]")
+            if into is not None:
+                self._observe_range_read(opened - started, time.monotonic() - opened, stop - first)
         except (RemoteResourceNotFound, CorruptRemoteSegment):
             self._forget(metadata)  # the next call looks at the store again
             raise
@@ -446,6 +488,25 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         await self._delete([k for k in keys if k.endswith(manifest_suffix)])
         await self._delete([k for k in keys if not k.endswith(manifest_suffix)])
 
+    # -- whole objects beside the segments (the remote log metadata, metadata/bucket.py) --
+
+    def _object_key(self, name: str) -> str:
+        head = self.prefix.strip("/")
+        return f"{head}/{name}" if head else name
+
+    async def put_object(self, name: str, data: bytes) -> None:
+        await self._put_bytes(self._object_key(name), data)
+
+    async def get_object(self, name: str) -> bytes:
+        return await self._get_bytes(self._object_key(name))
+
+    async def list_objects(self, name_prefix: str) -> list[str]:
+        cut = len(self._object_key(name_prefix)) - len(name_prefix)
+        return sorted(key[cut:] for key in await self._list(self._object_key(name_prefix)))
+
+    async def delete_objects(self, names: Iterable[str]) -> None:
+        await self._delete([self._object_key(name) for name in names])
+
     # -- helpers ----------------------------------------------------------------
 
     def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
@@ -521,8 +582,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         return crc.entry()
 
 
-async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, entry: ObjectEntry, first: int,
-                           start: int, last: int) -> AsyncIterator[bytes | memoryview]:
+async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry, first: int,
+                           start: int, last: int) -> AsyncGenerator[bytes | memoryview, None]:
     """The bytes [start, last] of a read that began at block boundary `first`, each block
     compared with its CRC-32C in the manifest before any of it is passed on.
 
@@ -582,7 +643,28 @@ async def _verified_blocks(chunks: AsyncIterator[bytes | memoryview], key: str, 
             pending += view
 
 
-async def _fill(buffer: memoryview, stream: AsyncIterator[bytes | memoryview], metadata: RemoteLogSegmentMetadata,
+async def _in_place(chunks: AsyncGenerator[bytes | memoryview, None], target: memoryview,
+                    step: int, key: str) -> AsyncGenerator[memoryview, None]:
+    """The bytes a store read for `target`, as views of `target` ending at multiples of
+    `step` (or at the end): a store that reads into `target` yields views of it in order,
+    in pieces of any size, and they stay where they are; one that does not is copied there."""
+    filled = passed = 0
+    async for chunk in chunks:
+        size = len(chunk)
+        if filled + size > len(target):
+            raise CorruptRemoteSegment(f"{key}: more bytes than the {len(target)} asked for")
+        if not (isinstance(chunk, memoryview) and chunk.obj is target.obj):
+            target[filled:filled + size] = chunk
+        filled += size
+        ready = filled if filled == len(target) else filled - filled % step
+        if ready > passed:
+            yield target[passed:ready]
+            passed = ready
+    if filled > passed:
+        yield target[passed:filled]  # a short read: the size checks after this name it
+
+
+async def _fill(buffer: memoryview, stream: AsyncGenerator[bytes | memoryview, None], metadata: RemoteLogSegmentMetadata,
                 start: int) -> None:
     """`buffer` filled from `stream`; corrupt data raises CorruptRangeRead telling how much
     of the buffer was filled, checked, before it."""

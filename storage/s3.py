@@ -1,6 +1,8 @@
 """Remote segments in an S3 bucket, through aiobotocore.
 
-Reads are ranged GETs streamed in chunks; segments above a threshold go up as
+Reads are ranged GETs streamed in chunks; a read into the caller's buffer (`read_log_into`,
+the chunk cache's loads) copies each piece aiohttp received straight there, never joining
+pieces into new bytes on the way (`_body_into`). Segments above a threshold go up as
 multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
 asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
 reads need nothing for it. Every upload carries its CRC-32C, which S3 checks on arrival
@@ -21,7 +23,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -33,7 +35,7 @@ from botocore import exceptions as boto
 from tierproxy.config import S3_SSE_MODES
 
 from .backoff import ExponentialBackoff, retry_fits
-from .errors import RemoteResourceNotFound, RemoteStorageError
+from .errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageError
 from .encryption import KeyRing
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
@@ -114,6 +116,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         keys: KeyRing | None = None,
         sse: str = "",
         sse_kms_key_id: str = "",
+        ca_location: str | None = None,
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -137,6 +140,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         self.max_attempts = max_attempts
         self.chunk_bytes = chunk_bytes
         self._credentials = (access_key_id, secret_access_key)
+        # PEM CA certificates verifying an HTTPS endpoint; None for the system's (botocore's).
+        self._verify = ca_location
         timeout_s = request_timeout_ms / 1000
         self._config = AioConfig(
             max_pool_connections=max_connections,
@@ -179,6 +184,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                         region_name=self.region,
                         aws_access_key_id=access_key_id,
                         aws_secret_access_key=secret_access_key,
+                        verify=self._verify,
                         config=self._config,
                     )
                 )
@@ -228,7 +234,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         )
         upload_id = created["UploadId"]
         crc = Crc32cAccumulator()
-        parts = []
+        parts: list[dict[str, Any]] = []
         try:
             try:
                 while part := await asyncio.to_thread(source.take):
@@ -240,7 +246,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                     response = await self._call(
                         "upload_part",
                         f"upload part {number} of {where}",
-                        lambda s3, part=part, number=number, part_crc=part_crc: s3.upload_part(
+                        lambda s3: s3.upload_part(  # awaited before the loop moves on
                             Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=part,
                             ChecksumAlgorithm="CRC32C", ChecksumCRC32C=part_crc,
                         ),
@@ -286,8 +292,9 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         return await self._call("get", f"get {self._where(key)}", get)
 
     @contextlib.asynccontextmanager
-    async def _open_range(self, key: str, first: int, last: int,
-                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def _open_range(
+        self, key: str, first: int, last: int, into: memoryview | None = None
+    ) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         where = self._where(key)
         try:
             response = await self._call(
@@ -307,11 +314,16 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             return
         body = response["Body"]
         try:
-            yield _object_size_of(response, where), self._body_chunks(body, where)
+            size = _object_size_of(response, where)
+            received = _received_chunks(body)
+            if into is None or received is None:
+                yield size, self._body_chunks(body, where)
+            else:
+                yield size, _body_into(received, into, where)
         finally:
             body.close()
 
-    async def _body_chunks(self, body: Any, where: str) -> AsyncIterator[bytes]:
+    async def _body_chunks(self, body: Any, where: str) -> AsyncGenerator[bytes, None]:
         while True:
             try:
                 chunk = await body.read(self.chunk_bytes)
@@ -350,7 +362,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             response = await self._call(
                 "delete",
                 what,
-                lambda s3, batch=batch: s3.delete_objects(
+                lambda s3: s3.delete_objects(  # awaited before the loop moves on
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 ),
             )
@@ -372,7 +384,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             page = await self._call(
                 "list",
                 f"list s3://{self.bucket}/{key_prefix}",
-                lambda s3, extra=extra: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
+                lambda s3: s3.list_objects_v2(Bucket=self.bucket, Prefix=key_prefix, **extra),
             )
             keys.extend(item["Key"] for item in page.get("Contents", ()))
             if not page.get("IsTruncated"):
@@ -413,7 +425,37 @@ def _recorded_crc32c(response: dict[str, Any]) -> int | None:
     return int.from_bytes(raw, "big") if len(raw) == 4 else None
 
 
-async def _no_chunks() -> AsyncIterator[bytes]:
+def _received_chunks(body: Any) -> Callable[[], Awaitable[tuple[bytes, bool]]] | None:
+    """`readchunk` of the aiohttp stream under aiobotocore's body: each call hands over the
+    next piece aiohttp received as it is, where `read(n)` joins pieces into new bytes.
+    None for a body over another HTTP client."""
+    content = getattr(getattr(body, "raw_stream", None), "content", None)
+    return content.readchunk if isinstance(content, aiohttp.StreamReader) else None
+
+
+async def _body_into(readchunk: Callable[[], Awaitable[tuple[bytes, bool]]], into: memoryview,
+                     where: str) -> AsyncGenerator[memoryview, None]:
+    """The body copied into `into` piece by piece as aiohttp received it (the one copy out of
+    the HTTP client's buffers), yielding the view of `into` each piece filled."""
+    filled = 0
+    while True:
+        try:
+            piece, end_of_http_chunk = await readchunk()
+        except Exception as e:  # noqa: BLE001 - storage_error re-raises what is not ours
+            raise storage_error(e, f"reading {where}") from e
+        if not piece:
+            if end_of_http_chunk:
+                continue  # a chunked body's chunk boundary, not its end
+            return
+        end = filled + len(piece)
+        if end > len(into):
+            raise CorruptRemoteSegment(f"{where}: more than the {len(into)} bytes asked for")
+        into[filled:end] = piece
+        yield into[filled:end]
+        filled = end
+
+
+async def _no_chunks() -> AsyncGenerator[bytes, None]:
     return
     yield
 

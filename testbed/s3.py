@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,8 @@ class S3Server:
         # Detached servers outlive this Python process (python -m testbed up).
         self._detached = detached
         self._process: subprocess.Popen | None = None
+        # The CA of the server's certificate when it serves HTTPS (set by a subclass as it starts).
+        self.ca: Path | None = None
 
     @property
     def port(self) -> int:
@@ -66,7 +69,7 @@ class S3Server:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.ca else 'http'}://{LOOPBACK}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -118,7 +121,8 @@ class S3Server:
     def answers(self) -> bool:
         """True when the server answers HTTP (any status) on its port."""
         try:
-            with urllib.request.urlopen(self.endpoint_url + "/", timeout=1.0):
+            context = ssl.create_default_context(cafile=self.ca) if self.ca else None
+            with urllib.request.urlopen(self.endpoint_url + "/", timeout=1.0, context=context):
                 return True
         except urllib.error.HTTPError:
             return True
@@ -138,6 +142,7 @@ class S3Server:
             "remote.log.storage.s3.region": self.region,
             "remote.log.storage.s3.access.key.id": self.access_key,
             "remote.log.storage.s3.secret.access.key": self.secret_key,
+            **({"remote.log.storage.s3.ssl.truststore.location": str(self.ca)} if self.ca else {}),
         }
 
     def client(self) -> Any:
@@ -147,6 +152,7 @@ class S3Server:
         return botocore.session.get_session().create_client(
             "s3", endpoint_url=self.endpoint_url, region_name=self.region,
             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            **_https_options(self.ca),
         )
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -184,6 +190,18 @@ class S3Server:
         self.close()
 
 
+def _https_options(ca: Path | None) -> dict[str, Any]:
+    """A botocore client's options for a server with a certificate from `ca` (none without).
+    Over HTTPS botocore sends uploads unsigned, aws-chunked with a trailing checksum, which
+    S3Proxy refuses: checksums only where an operation requires them, as tierproxy's own
+    client asks."""
+    if ca is None:
+        return {}
+    from botocore.config import Config
+
+    return {"verify": str(ca), "config": Config(request_checksum_calculation="when_required")}
+
+
 def s3_client(server_or_endpoint: S3Server | str, *, region: str = REGION,
               access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
               **client_kwargs: Any) -> Any:
@@ -191,6 +209,7 @@ def s3_client(server_or_endpoint: S3Server | str, *, region: str = REGION,
     from aiobotocore.session import get_session
 
     if isinstance(server_or_endpoint, S3Server):
+        client_kwargs = {**_https_options(server_or_endpoint.ca), **client_kwargs}
         endpoint = server_or_endpoint.endpoint_url
         region = server_or_endpoint.region
         access_key = server_or_endpoint.access_key

@@ -158,8 +158,8 @@ def _show_default(key: ConfigKey) -> str:
     return f"`{text}`"
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _number(value: float | None) -> str:
+    return str(int(value)) if value is not None and float(value).is_integer() else str(value)
 
 
 def _valid(key: ConfigKey) -> str:

@@ -102,8 +102,9 @@ def _families_in(path: Path, package: str) -> Iterator[Family]:
         if not isinstance(name, str) or not name.startswith("tierproxy_"):
             continue
         documentation = _literal(node.args[1] if len(node.args) > 1 else keywords.get("documentation"))
-        labels = _literal(node.args[2] if len(node.args) > 2 else keywords.get("labelnames")) or ()
-        yield Family(name, _TYPES[callee], str(documentation or ""), tuple(labels), package)
+        labels = _literal(node.args[2] if len(node.args) > 2 else keywords.get("labelnames"))
+        yield Family(name, _TYPES[callee], str(documentation or ""),
+                     tuple(labels) if isinstance(labels, (tuple, list)) else (), package)
 
 
 def declared_families() -> list[Family]:

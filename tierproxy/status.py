@@ -26,6 +26,9 @@ where the store keeps no checksum). A segment with an object missing, or of anot
 CRC-32C, is a problem: it cannot be read. The pipeline checks the same, with the CRC-32C,
 before it trims a partition over a segment, and stops that partition's trim at one that fails.
 
+With `remote.log.metadata.backend=remote` (a read replica) the metadata is what the origin's
+pipeline published into the store, and status also tells how long ago that was published.
+
 Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
 (each such partition is named on stderr), 2 the configuration is invalid or the
 cluster, metadata or remote storage cannot be read. Reads only; never imports pyspark.
@@ -39,12 +42,13 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard
 
 from aiokafka.errors import KafkaError
 
@@ -59,6 +63,7 @@ from tierproxy.storage.errors import (
 )
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.metadata import RemoteLogMetadataManager
+from tierproxy.storage.metadata.bucket import BucketRemoteLogMetadataManager
 from tierproxy.storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
 from tierproxy.storage.model import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from tierproxy.storage.rsm import RemoteStorageManager
@@ -141,6 +146,9 @@ class Report:
     partitions: list[PartitionStatus]
     missing_topics: list[str]  # tiered in the configuration but not in the cluster
     encryption_keys: list[KeyUsage] = field(default_factory=list)
+    # remote.log.metadata.backend=remote: seconds since the metadata read was published
+    # (None when nothing was published yet, or with another backend).
+    metadata_published_seconds_ago: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -155,7 +163,8 @@ class Report:
             entry["ok"] = p.ok
             partitions.append(entry)
         return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
-                "encryption_keys": [asdict(k) for k in self.encryption_keys]}
+                "encryption_keys": [asdict(k) for k in self.encryption_keys],
+                "metadata_published_seconds_ago": self.metadata_published_seconds_ago}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -164,7 +173,7 @@ class Report:
 async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Cluster) -> RemoteLogMetadataManager | None:
     """A started metadata manager that cannot disturb a running pipeline or proxy, or None
     when no remote log metadata exists yet."""
-    if config[REMOTE_LOG_METADATA_BACKEND] == "file":
+    if config[REMOTE_LOG_METADATA_BACKEND] in ("file", "remote"):
         return await stack.enter_async_context(remote_log_metadata_manager(config, read_only=True))
     # The topic backend writes materialized files into its directory: never into the
     # directory a running pipeline or proxy owns. Start from a copy of it (committed
@@ -229,7 +238,7 @@ async def _segments_found(rsm: RemoteStorageManager, segments: list[RemoteLogSeg
     return found
 
 
-def _object_damage(result: object) -> bool:
+def _object_damage(result: object) -> TypeGuard[SegmentDamage]:
     return isinstance(result, SegmentDamage) and result.key is not None
 
 
@@ -291,14 +300,15 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         rlmm = await _metadata_manager(config, stack, cluster)
         ids = {tp: TopicIdPartition(topics[tp[0]].topic_id, *tp) for tp in tps}
         if rlmm is not None:
-            for tp in ids.values():
-                await rlmm.wait_until_ready(tp, timeout)
+            for tid in ids.values():
+                await rlmm.wait_until_ready(tid, timeout)
         remote = {tp: (rlmm.log_start_offset(ids[tp]), rlmm.log_end_offset(ids[tp])) if rlmm else (None, None)
                   for tp in tps}
         finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}
         stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
         found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
+        published_ago = _published_seconds_ago(rlmm)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -312,7 +322,13 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,
             keys, warnings,
         ))
-    return Report(partitions, missing, _key_usage(config, partitions))
+    return Report(partitions, missing, _key_usage(config, partitions), published_ago)
+
+
+def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
+    if not isinstance(rlmm, BucketRemoteLogMetadataManager) or rlmm.published_ms is None:
+        return None
+    return max(0.0, time.time() - rlmm.published_ms / 1000)
 
 
 # --------------------------------------------------------------------------- output
@@ -333,6 +349,9 @@ def format_table(report: Report) -> str:
     lines = text_table(rows, right_aligned=range(1, len(header) - 1))
     lines.append("LX local log start, LY last stable offset, LZ local log end (broker); "
                  "RX remote log start, RY remote log end (COPY_SEGMENT_FINISHED segments)")
+    if report.metadata_published_seconds_ago is not None:
+        lines.append(f"Remote log metadata published into the remote store "
+                     f"{report.metadata_published_seconds_ago:.0f}s ago (remote.log.metadata.backend=remote).")
     if report.encryption_keys:
         lines.append("")
         keys = [("KEY", "FILE", "SEGMENTS")] + [

@@ -124,7 +124,7 @@ async def _fetch_tagged_fields(ctx: ConnectionContext, version: int, section: An
     """A Fetch response's top-level tagged-field section with its node endpoints naming
     the proxy: kio decodes a response of nothing but that section, and the rewritten one
     is encoded the same way."""
-    alone = b"".join(encode_fetch_response(version, [], tagged_fields=section))  # type: ignore[arg-type]
+    alone = b"".join(encode_fetch_response(version, [], tagged_fields=section))
     response = await _node_endpoints(ctx, decode_response(ApiKey.FETCH, version, alone))
     rewritten = scan_fetch_response(encode_payload(response), version).tagged_fields
     assert rewritten is not None, "a flexible Fetch response has a tagged-field section"

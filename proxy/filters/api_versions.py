@@ -31,7 +31,7 @@ class ApiVersionsFilter(Filter):
         payload = response.payload
         # Every version starts with the error code. On an error (UNSUPPORTED_VERSION
         # comes with a v0 body, KIP-511) the client must get the broker's answer as is.
-        if len(payload) < _ERROR_CODE.size or _ERROR_CODE.unpack_from(payload, 0)[0] != 0:
+        if memoryview(payload).nbytes < _ERROR_CODE.size or _ERROR_CODE.unpack_from(payload, 0)[0] != 0:
             return response
         body = response.body
         # Filters that talk to the broker in other versions need its real ranges.

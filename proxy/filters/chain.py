@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ("CallNext", "Filter", "FilterChains", "run_chain")
 
+_CHAINS_KEPT = 4096
+
 CallNext = Callable[[ClientRequest], Awaitable[Response]]
 """Pass a request on to the rest of the chain; get its response back."""
 
@@ -74,13 +76,18 @@ class FilterChains:
         for filter_ in self._filters:
             for api_key, versions in filter_.apis.items():
                 self._by_key.setdefault(int(api_key), []).append((versions, filter_))
+        # Every request asks for its chain: each (key, version) is worked out once.
+        self._chains: dict[tuple[int, int], tuple[Filter, ...]] = {}
 
     def chain(self, api_key: int, api_version: int) -> tuple[Filter, ...]:
         """The filters a request meets, in order; empty for the opaque path."""
-        entries = self._by_key.get(api_key)
-        if not entries:
-            return ()
-        return tuple(filter_ for versions, filter_ in entries if api_version in versions)
+        found = self._chains.get((api_key, api_version))
+        if found is None:
+            entries = self._by_key.get(api_key, ())
+            found = tuple(filter_ for versions, filter_ in entries if api_version in versions)
+            if len(self._chains) < _CHAINS_KEPT:  # versions come from clients: keep a bounded few
+                self._chains[(api_key, api_version)] = found
+        return found
 
     def filters_of(self, api_key: int) -> list[Filter]:
         """Every filter taking part in an API, at any version, in chain order."""

@@ -45,6 +45,10 @@ be, for the address filter that sees it next.
 The client's request is parsed once: `request_session` walks it, bounding every
 length, before anything else; kio decodes it only when the filter needs its partitions,
 without walking it again.
+
+What needs no I/O (byte budgets, the remote partitions' turns, the second broker
+request, the merged response's order) is decided in `fetch_plan`; this filter asks the
+broker and the remote tier and applies it.
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.static.primitive import i32, i32Timedelta
 
@@ -72,6 +77,17 @@ from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
+from .fetch_plan import (
+    assemble,
+    broker_part,
+    first_gets_whole_batch,
+    proven_below,
+    remote_budget,
+    remote_turn,
+    response_order,
+    second_request,
+    takes,
+)
 from tierproxy.protocol.fetch_wire import (
     FLEXIBLE_VERSION,
     SESSIONLESS,
@@ -86,10 +102,12 @@ from .messages import ClientRequest, InvalidRequest, Response
 from .tiered_state import PartitionOffsets, TieredConnectionState, broker_queries
 from tierproxy.config import REMOTE_FETCH_MAX_BYTES
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
 log = logging.getLogger("tierproxy.fetch")
 
 READ_COMMITTED = 1
-_MS = datetime.timedelta(milliseconds=1)
 _NO_WAIT = i32Timedelta.parse(datetime.timedelta(0))
 _NO_TAGGED_FIELDS = b"\x00"
 
@@ -168,6 +186,7 @@ class FetchFilter(Filter):
         await self._hold_while_throttled(request, started, scan.records_size + remote_bytes)
         response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
+            assert entry.answer is not None  # _merge answers every remote partition
             positions.served((entry.topic_key, entry.request.partition), entry.request, entry.answer.records_size > 0)
         return response
 
@@ -189,7 +208,7 @@ class FetchFilter(Filter):
         direct = self._direct_partitions(request, by_id, state)
         if not direct:
             return await self._as_sent(ctx, client_request, call_next, state, SESSIONLESS)
-        broker_request = self._broker_request(request, direct, by_id)
+        broker_request = broker_part(request, direct, by_id)
         if broker_request is not None and broker_request.max_wait:
             # Kafka answers once min_bytes are there: the remote part may already be
             # enough, so the broker is asked not to wait (see _await_min_bytes).
@@ -230,15 +249,16 @@ class FetchFilter(Filter):
     async def _await_min_bytes(
         self, request: Any, broker_request: Any, client_request: ClientRequest, call_next: CallNext, started: float,
         remote_bytes: int,
-    ) -> tuple[memoryview, ScannedResponse] | None:
+    ) -> tuple[Buffer, ScannedResponse] | None:
         """Ask the broker again, waiting what is left of max_wait_ms for the bytes still
         missing; None when no time is left or its answer needs the remote tier after all
         (the first answer then stands: the client simply fetches again)."""
-        left = request.max_wait - datetime.timedelta(seconds=time.monotonic() - started)
-        if left.total_seconds() * 1000 < 1:
+        second = second_request(request.max_wait, datetime.timedelta(seconds=time.monotonic() - started),
+                                request.min_bytes, remote_bytes)
+        if second is None:
             return None
-        waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(left // _MS * _MS),
-                                      min_bytes=i32(max(request.min_bytes - remote_bytes, 1)))
+        max_wait, min_bytes = second
+        waiting = dataclasses.replace(broker_request, max_wait=i32Timedelta.parse(max_wait), min_bytes=i32(min_bytes))
         payload = (await call_next(client_request.replaced(waiting))).payload
         scan = scan_fetch_response(payload, request.__version__)
         return None if scan.any_out_of_range else (payload, scan)
@@ -258,7 +278,7 @@ class FetchFilter(Filter):
                 continue
             for partition in topic.partitions:
                 offsets = state.proven.get((topic_id, partition.partition))
-                if offsets is None or offsets.stale or partition.fetch_offset >= offsets.local_log_start:
+                if not proven_below(offsets, partition.fetch_offset):
                     continue
                 key = (topic.topic_id if by_id else topic.topic, partition.partition)
                 direct[key] = _Remote(key[0], partition, TopicIdPartition(topic_id, name, partition.partition),
@@ -287,17 +307,6 @@ class FetchFilter(Filter):
             else:  # the broker refuses now (ACLs changed, topic gone): prove again
                 state.proven.pop((topic_id, partition), None)
 
-    def _broker_request(self, request: Any, direct: dict[tuple[Any, int], _Remote], by_id: bool) -> Any | None:
-        """The request for the broker without the directly served partitions; None when
-        nothing is left for it."""
-        topics = []
-        for topic in request.topics:
-            key = topic.topic_id if by_id else topic.topic
-            partitions = tuple(p for p in topic.partitions if (key, p.partition) not in direct)
-            if partitions:
-                topics.append(dataclasses.replace(topic, partitions=partitions))
-        return dataclasses.replace(request, topics=tuple(topics)) if topics else None
-
     async def _out_of_range(
         self, request: Any, scan: ScannedResponse, by_id: bool, state: TieredConnectionState, queries: ClusterQueries
     ) -> list[_Remote] | None:
@@ -320,15 +329,19 @@ class FetchFilter(Filter):
                     out_of_range.append((key, fetch_partition))
         if by_id:
             names = {tp.topic_id: tp.topic for tp in self.tier.rlmm.partitions()}
-            for topic_id, name in names.items():
-                if topic_id not in state.topic_names:
-                    state.learn_topic(name, topic_id)
+            for known_id, known_name in names.items():
+                if known_id not in state.topic_names:
+                    state.learn_topic(known_name, known_id)
         else:
-            await state.known_topic_ids(queries, {key for key, _ in out_of_range})
+            await state.known_topic_ids(queries, {key for key, _ in out_of_range if isinstance(key, str)})
         candidates = []
+        topic_id: uuid.UUID | None
+        name: str | None
         for key, fetch_partition in out_of_range:
-            topic_id = key if by_id else state.topic_ids.get(key)
-            name = state.topic_names.get(key) if by_id else key
+            if isinstance(key, uuid.UUID):  # by_id
+                topic_id, name = key, state.topic_names.get(key)
+            else:
+                topic_id, name = state.topic_ids.get(key), key
             if topic_id is None or name is None:
                 continue  # nothing remote for a topic the metadata does not know
             tp = TopicIdPartition(topic_id, name, fetch_partition.partition)
@@ -342,7 +355,7 @@ class FetchFilter(Filter):
         # A fresh proof below whose local log start the position lies stands (a fetch
         # session meets this on every request); otherwise the broker is asked.
         unproven = {(tp.topic, tp.partition) for _, fetch_partition, tp, _ in candidates
-                    if not _proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
+                    if not proven_below(state.proven.get((tp.topic_id, tp.partition)), fetch_partition.fetch_offset)}
         if unproven:
             await self._refresh(unproven, request.isolation_level, state, queries)
         remote = []
@@ -359,20 +372,11 @@ class FetchFilter(Filter):
     async def _read(self, remote: list[_Remote], request: Any, used: int, state: TieredConnectionState) -> int:
         """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
         connection's last Fetch stopped; return the bytes read."""
-        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
-        start = state.remote_rotation % len(remote)
-        chosen: list[_Remote] = []
-        planned = 0
-        for entry in remote[start:] + remote[:start]:
-            if chosen and planned >= budget:
-                break
-            chosen.append(entry)
-            planned += min(entry.request.partition_max_bytes, budget)
-        state.remote_rotation = start + len(chosen)
-        # KIP-74: the first partition gets one whole batch. The broker's partitions come
-        # first in that sense, so local records that fill every response would keep a
-        # remote partition from ever advancing; after one such Fetch it gets its batch.
-        chosen[0].min_one_batch = used == 0 or state.remote_starved
+        budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
+        indexes, state.remote_rotation = remote_turn([e.request.partition_max_bytes for e in remote],
+                                                     state.remote_rotation, budget)
+        chosen = [remote[i] for i in indexes]
+        chosen[0].min_one_batch = first_gets_whole_batch(used, state.remote_starved)
         quota = self.tier.fetch_quota
         throttle = quota.throttle_time()
         if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
@@ -413,42 +417,27 @@ class FetchFilter(Filter):
     # ------------------------------------------------------------------ the response
 
     async def _merge(
-        self, request: Any, payload: memoryview | None, scan: ScannedResponse | None,
+        self, request: Any, payload: Buffer | None, scan: ScannedResponse | None,
         remote: list[_Remote], queries: ClusterQueries, used: int, in_request_order: bool = False,
     ) -> Response:
         """The response in the broker's order (an incremental one names partitions the
         request omitted), or in request order when some partitions skipped the broker:
         broker partitions as slices of its payload, remote ones encoded here."""
-        by_key = {(e.topic_key, e.request.partition): e for e in remote}
         broker = {}
         if scan is not None:
+            assert payload is not None  # the broker's answer comes with its scan
             view = memoryview(payload)
-            for key, partitions in scan.topics:
-                for partition in partitions:
+            for key, scanned in scan.topics:
+                for partition in scanned:
                     broker[(key, partition.partition_index)] = view[partition.start:partition.end]
         # The remote partitions in the order they were read: the first keeps its one batch.
-        budget = min(max(request.max_bytes - used, 0), self.remote_max_bytes)
+        budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
         for entry in sorted(remote, key=lambda e: not e.min_one_batch):
             entry.answer = await self._remote_partition(entry, request, queries, budget)
             budget -= entry.answer.records_size
-        if in_request_order or scan is None:
-            by_id = request.__version__ >= TOPIC_ID_VERSION
-            order = [(t.topic_id if by_id else t.topic, [p.partition for p in t.partitions]) for t in request.topics]
-        else:
-            order = [(key, [p.partition_index for p in partitions]) for key, partitions in scan.topics]
-        topics = []
-        for key, indexes in order:
-            partitions: list[Any] = []
-            for index in indexes:
-                entry = by_key.get((key, index))
-                if entry is None:
-                    span = broker.get((key, index))
-                    if span is not None:
-                        partitions.append(span)
-                    continue
-                partitions.append(entry.answer)
-            if partitions:
-                topics.append((key, partitions))
+        order = response_order(request, None if in_request_order or scan is None else scan.topics)
+        topics = assemble(order, {(e.topic_key, e.request.partition): e.answer for e in remote if e.answer is not None},
+                          broker)
         version = request.__version__
         if scan is None:
             return _fetch_response(version, encode_fetch_response(version, topics))
@@ -467,7 +456,7 @@ class FetchFilter(Filter):
         records: list[memoryview] = []
         size = 0
         log_start = -1
-        aborted = None
+        aborted: Sequence[tuple[int, int]] | None = None
         outcome = entry.outcome
         if error is None and outcome is not None:
             if outcome.error is not None:
@@ -478,7 +467,7 @@ class FetchFilter(Filter):
                 if result.offset_out_of_range:
                     error = ErrorCode.offset_out_of_range
                 # Whole batches that fit what is left of the response (the first with data always does).
-                elif result.records_size and (result.records_size <= budget or entry.min_one_batch):
+                elif takes(result.records_size, budget, entry.min_one_batch):
                     records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:
@@ -517,10 +506,6 @@ def _fetch_response(version: int, parts: list[Any], tagged_fields: Any = _NO_TAG
                             tagged_fields=tagged_fields if version >= FLEXIBLE_VERSION else None)
 
 
-def _as_answered(payload: memoryview, scan: ScannedResponse, version: int) -> Response:
+def _as_answered(payload: Buffer, scan: ScannedResponse, version: int) -> Response:
     """The broker's answer as it came, with what the scan found of its tagged fields."""
     return Response.encoded(ApiKey.FETCH, version, [payload], tagged_fields=scan.tagged_fields)
-
-
-def _proven_below(offsets: PartitionOffsets | None, fetch_offset: int) -> bool:
-    return offsets is not None and not offsets.stale and fetch_offset < offsets.local_log_start

@@ -142,13 +142,13 @@ class ListOffsetsFilter(Filter):
                 answer.update(timestamp=-1, offset=remote.offset if remote else -1,
                               leader_epoch=remote.leader_epoch if remote else -1)
             elif spec == OffsetSpec.MAX_TIMESTAMP:
-                remote = _value(await engine.max_timestamp(tp))
-                if remote is not None and remote.timestamp > broker.timestamp:
-                    answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
+                found = _value(await engine.max_timestamp(tp))
+                if found is not None and found.timestamp > broker.timestamp:
+                    answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
             elif spec >= 0:
-                remote = _value(await engine.offset_for_timestamp(tp, spec))
-                if remote is not None and (broker.offset < 0 or remote.offset < broker.offset):
-                    answer.update(timestamp=remote.timestamp, offset=remote.offset, leader_epoch=remote.leader_epoch)
+                found = _value(await engine.offset_for_timestamp(tp, spec))
+                if found is not None and (broker.offset < 0 or found.offset < broker.offset):
+                    answer.update(timestamp=found.timestamp, offset=found.offset, leader_epoch=found.leader_epoch)
         except (MetadataNotReady, RemoteStorageError) as e:
             answer = dict(error_code=self.tier.error_code_for(tp, e, "LIST_OFFSETS"))
         except _Expired:
@@ -207,7 +207,7 @@ def _convert(schema: type, entity: Any, **changes: Any) -> Any:
 
 
 def _typed(answer: dict[str, Any]) -> dict[str, Any]:
-    out = {"error_code": ErrorCode(answer["error_code"])}
+    out: dict[str, Any] = {"error_code": ErrorCode(answer["error_code"])}
     for name, cast in (("timestamp", i64), ("offset", i64), ("leader_epoch", i32)):
         if name in answer:
             out[name] = cast(answer[name])

@@ -125,7 +125,7 @@ class Response:
     def payload(self) -> Buffer:
         """The payload as one buffer (joined only when it is in several parts)."""
         parts = self.parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @property
     def body(self) -> Any:
@@ -142,7 +142,7 @@ class Response:
         if old is None:
             raise ValueError("the payload's tagged-field section is not known")
         parts = list(self.parts)
-        cut = len(old)  # type: ignore[arg-type]
+        cut = memoryview(old).nbytes
         while cut:
             last = memoryview(parts.pop()).cast("B")
             if len(last) > cut:

@@ -172,7 +172,7 @@ def build_segment_indexes(
         offset_of_max_timestamp=offset_of_max_timestamp,
         first_leader_epoch=first_epoch,
         last_leader_epoch=last_epoch,
-        segment_leader_epochs=tuple(tuple(e) for e in epochs_in_range(epochs, base_offset, next_offset)),
+        segment_leader_epochs=tuple((e.epoch, e.start_offset) for e in epochs_in_range(epochs, base_offset, next_offset)),
         leader_epochs=tuple(epochs),
         offset_index=bytes(offset_index),
         time_index=bytes(time_index),

@@ -73,8 +73,8 @@ class EntryIndex:
     def __eq__(self, other: object) -> bool:
         return (
             type(other) is type(self)
-            and self.base_offset == other.base_offset  # type: ignore[attr-defined]
-            and self._buffer == other._buffer  # type: ignore[attr-defined]
+            and self.base_offset == other.base_offset
+            and self._buffer == other._buffer
         )
 
     def __repr__(self) -> str:

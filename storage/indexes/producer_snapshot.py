@@ -234,7 +234,8 @@ def java_hash_map_order(producer_ids: list[int]) -> list[int]:
 def end_txn_marker(buffer: bytes | bytearray | memoryview, header: BatchHeader) -> tuple[ControlType, int, int]:
     """(COMMIT/ABORT, coordinator epoch, record timestamp) of a transaction marker batch."""
     try:
-        return tuple(read_end_txn_marker(buffer, header))
+        marker = read_end_txn_marker(buffer, header)
+        return marker.type, marker.coordinator_epoch, marker.timestamp
     except DecodeError as e:
         raise CorruptLogError(f"transaction marker at offset {header.base_offset} is malformed: {e}") from None
 

@@ -1,11 +1,13 @@
 """RemoteLogMetadataManager: where the remote log's segment metadata lives (KIP-405).
 
-Two backends share one in-memory cache (`cache.py`) and one record format (`serde.py`):
+The backends share one in-memory cache (`cache.py`) and one record format (`serde.py`):
 
 - `file_store.FileRemoteLogMetadataManager(directory)`: one local append-only file; the
   embedded default.
 - `topic_store.TopicRemoteLogMetadataManager(bootstrap_servers, directory=...)`: the
   `__remote_log_metadata` topic, materialized per user partition into local flat files.
+- `bucket.BucketRemoteLogMetadataManager(rsm)`: read-only, what the pipeline published
+  into the remote store (`bucket.publish`), for readers with only the store's credentials.
 
 Writes are async and return once the record is durable in the backend and visible to
 this manager's own reads. Reads are synchronous lookups in memory; they raise
@@ -28,6 +30,7 @@ from ..model import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
+from .partition import PartitionState
 from .cache import DuplicateSegment, EpochChain, RemoteLogMetadataCache, UnknownSegment, is_segment_within_lineage
 from .serde import MetadataDecodeError, RemoteLogMetadata, RemoteLogTruncation, topic_id_partition_of
 
@@ -175,3 +178,8 @@ class RemoteLogMetadataManager(abc.ABC):
     def partitions(self) -> list[TopicIdPartition]:
         """User partitions with any remote log metadata loaded so far."""
         return self._cache.partitions()
+
+    def partition_states(self) -> list[PartitionState]:
+        """The whole state of every partition loaded (what `bucket.publish` writes): read them
+        on the event loop's thread, and change none."""
+        return self._cache.partition_states()

@@ -94,7 +94,7 @@ class RemoteLogMetadataCache:
     def _row(self, segment_id: RemoteLogSegmentId) -> tuple[PartitionState, int] | tuple[None, None]:
         p = self._partitions.get(segment_id.topic_id_partition)
         row = p.find(segment_id.id) if p is not None else None
-        return (p, row) if row is not None else (None, None)
+        return (p, row) if p is not None and row is not None else (None, None)
 
     # ------------------------------------------------------------------ writes
 
@@ -108,7 +108,7 @@ class RemoteLogMetadataCache:
                 raise DuplicateSegment(f"segment {record.segment_id} already exists")
         elif isinstance(record, RemoteLogSegmentMetadataUpdate):
             p, row = self._row(record.segment_id)
-            if p is None:
+            if p is None or row is None:
                 raise UnknownSegment(f"no remote log segment metadata for {record.segment_id}")
             check_segment_transition(p.state(row), record.state)
         elif isinstance(record, RemotePartitionDeleteMetadata):
@@ -181,7 +181,7 @@ class RemoteLogMetadataCache:
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
         p, row = self._row(segment_id)
-        return p.segment(row) if p is not None else None
+        return p.segment(row) if p is not None and row is not None else None
 
     def segment_for(
         self, tp: TopicIdPartition, offset: int, leader_epoch: int, epoch_chain: EpochChain | None = None

@@ -24,11 +24,13 @@ thousand are kept until their partition changes).
 from __future__ import annotations
 
 import bisect
+import enum
 import itertools
 import struct
 import uuid
 from array import array
 from collections.abc import Iterator, Sequence
+from typing import Final
 
 from ..model import (
     RemoteLogSegmentId,
@@ -56,7 +58,14 @@ _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 _DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 _FORGOTTEN = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED  # a hole in the table
 _STATES = tuple(RemoteLogSegmentState)
-_UNKNOWN = object()
+
+
+class _Unknown(enum.Enum):
+    # An enum member, so that `is _UNKNOWN` narrows for a type checker.
+    UNKNOWN = 0
+
+
+_UNKNOWN: Final = _Unknown.UNKNOWN
 _MIN_HOLES_TO_COMPACT = 32
 # Every change takes a new number from one sequence, so (version, row) never names two segments.
 _versions = itertools.count(1)
@@ -88,8 +97,8 @@ class PartitionState:
         self.version = next(_versions)
         self._order: array | None = None
         self._reach: array | None = None  # made with _order
-        self._log_start: object = _UNKNOWN
-        self._log_end: object = _UNKNOWN
+        self._log_start: int | None | _Unknown = _UNKNOWN
+        self._log_end: int | None | _Unknown = _UNKNOWN
 
     # ------------------------------------------------------------------ rows
 
@@ -103,7 +112,7 @@ class PartitionState:
 
     def find(self, segment_id: uuid.UUID) -> int | None:
         """The row of a segment not DELETE_SEGMENT_FINISHED, or None."""
-        key = segment_id.bytes
+        key: bytes | bytearray = segment_id.bytes
         # The newest row first: a segment's updates mostly follow its COPY_SEGMENT_STARTED.
         newest = len(self.rows) - ROW_SIZE
         if newest >= 0 and self.rows[newest:newest + 16] == key and self.rows[newest + _STATE_AT] != _FORGOTTEN:
@@ -182,7 +191,8 @@ class PartitionState:
         """A segment whose id is not in the table."""
         row = len(self.rows) // ROW_SIZE
         self.rows += self._pack(m)
-        self.by_id.insert(bisect.bisect_left(self.by_id, m.segment_id.id.bytes, key=self._id_of), row)
+        key: bytes | bytearray = m.segment_id.id.bytes
+        self.by_id.insert(bisect.bisect_left(self.by_id, key, key=self._id_of), row)
         order, reach = self._order, self._reach
         if order is not None and reach is not None and (
                 not order or self.offsets(order[-1]) <= (m.start_offset, m.end_offset)):
@@ -324,14 +334,14 @@ class PartitionState:
         if self._log_start is _UNKNOWN:
             self._log_start = next((self.offsets(row)[0] for row in self.ordered_rows()
                                     if self.state(row) == _FINISHED), None)
-        return self._log_start  # type: ignore[return-value]
+        return self._log_start
 
     def log_end_offset(self) -> int | None:
         """Highest end offset of the COPY_SEGMENT_FINISHED segments."""
         if self._log_end is _UNKNOWN:
             self._log_end = max((self.offsets(row)[1] for row in self.live_rows()
                                  if self.state(row) == _FINISHED), default=None)
-        return self._log_end  # type: ignore[return-value]
+        return self._log_end
 
     # ------------------------------------------------------------------ snapshots
 

@@ -34,11 +34,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from kio.serial import readers as r
 from kio.serial import writers as w
 from kio.serial.errors import DecodeError
+from kio.static.primitive import i8, i32, i64, uvarint
 
 from ..errors import RemoteLogMetadataError
 from ..model import (RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate,
@@ -54,6 +55,7 @@ TRUNCATION_API_KEY = 100
 
 WRITE_VERSION = 0
 _READ_VERSIONS = (0, 1)
+_T = TypeVar("_T")
 _ZERO_UUID = uuid.UUID(int=0)
 _ZERO_UUID_BYTES = bytes(16)
 
@@ -102,7 +104,7 @@ def topic_id_partition_of(record: RemoteLogMetadata) -> TopicIdPartition:
 def _write_topic_id_partition(buf: io.BytesIO, tp: TopicIdPartition) -> None:
     w.write_compact_string(buf, tp.topic)
     w.write_uuid(buf, tp.topic_id)
-    w.write_int32(buf, tp.partition)
+    w.write_int32(buf, i32(tp.partition))
     w.write_empty_tagged_fields(buf)
 
 
@@ -114,24 +116,24 @@ def _write_segment_id(buf: io.BytesIO, segment_id: RemoteLogSegmentId) -> None:
 
 def _write_segment(buf: io.BytesIO, m: RemoteLogSegmentMetadata) -> None:
     _write_segment_id(buf, m.segment_id)
-    w.write_int64(buf, m.start_offset)
-    w.write_int64(buf, m.end_offset)
-    w.write_int32(buf, m.leader_epoch)  # BrokerId
-    w.write_int64(buf, m.max_timestamp_ms)
-    w.write_int64(buf, m.event_timestamp_ms)
+    w.write_int64(buf, i64(m.start_offset))
+    w.write_int64(buf, i64(m.end_offset))
+    w.write_int32(buf, i32(m.leader_epoch))  # BrokerId
+    w.write_int64(buf, i64(m.max_timestamp_ms))
+    w.write_int64(buf, i64(m.event_timestamp_ms))
     w.write_compact_array_length(buf, len(m.segment_leader_epochs))
     for epoch, offset in m.segment_leader_epochs:
-        w.write_int32(buf, epoch)
-        w.write_int64(buf, offset)
+        w.write_int32(buf, i32(epoch))
+        w.write_int64(buf, i64(offset))
         w.write_empty_tagged_fields(buf)
-    w.write_int32(buf, m.segment_size_in_bytes)
+    w.write_int32(buf, i32(m.segment_size_in_bytes))
     w.write_nullable_compact_string(buf, None)  # CustomMetadata: null
-    w.write_int8(buf, int(m.state))
+    w.write_int8(buf, i8(int(m.state)))
     # Tagged field 0 (TxnIndexEmpty, default false) is written only when set, as Kafka does.
     if m.txn_index_empty:
-        w.write_unsigned_varint(buf, 1)
-        w.write_unsigned_varint(buf, 0)
-        w.write_unsigned_varint(buf, 1)
+        w.write_unsigned_varint(buf, uvarint(1))
+        w.write_unsigned_varint(buf, uvarint(0))
+        w.write_unsigned_varint(buf, uvarint(1))
         w.write_boolean(buf, True)
     else:
         w.write_empty_tagged_fields(buf)
@@ -139,30 +141,31 @@ def _write_segment(buf: io.BytesIO, m: RemoteLogSegmentMetadata) -> None:
 
 def _write_update(buf: io.BytesIO, u: RemoteLogSegmentMetadataUpdate) -> None:
     _write_segment_id(buf, u.segment_id)
-    w.write_int32(buf, u.leader_epoch)  # BrokerId
-    w.write_int64(buf, u.event_timestamp_ms)
+    w.write_int32(buf, i32(u.leader_epoch))  # BrokerId
+    w.write_int64(buf, i64(u.event_timestamp_ms))
     w.write_nullable_compact_string(buf, None)  # CustomMetadata: null
-    w.write_int8(buf, int(u.state))
+    w.write_int8(buf, i8(int(u.state)))
     w.write_empty_tagged_fields(buf)
 
 
 def _write_partition_delete(buf: io.BytesIO, d: RemotePartitionDeleteMetadata) -> None:
     _write_topic_id_partition(buf, d.topic_id_partition)
-    w.write_int32(buf, d.epoch)  # BrokerId
-    w.write_int64(buf, d.event_timestamp_ms)
-    w.write_int8(buf, int(d.state))
+    w.write_int32(buf, i32(d.epoch))  # BrokerId
+    w.write_int64(buf, i64(d.event_timestamp_ms))
+    w.write_int8(buf, i8(int(d.state)))
     w.write_empty_tagged_fields(buf)
 
 
 def _write_truncation(buf: io.BytesIO, t: RemoteLogTruncation) -> None:
     _write_topic_id_partition(buf, t.topic_id_partition)
-    w.write_int32(buf, t.leader_epoch)
-    w.write_int64(buf, t.event_timestamp_ms)
-    w.write_int64(buf, t.truncation_offset)
+    w.write_int32(buf, i32(t.leader_epoch))
+    w.write_int64(buf, i64(t.event_timestamp_ms))
+    w.write_int64(buf, i64(t.truncation_offset))
     w.write_empty_tagged_fields(buf)
 
 
-_WRITERS: dict[type, tuple[int, Callable[[io.BytesIO, object], None]]] = {
+# Each writer takes the record type it is filed under.
+_WRITERS: dict[type, tuple[int, Callable[[io.BytesIO, Any], None]]] = {
     RemoteLogSegmentMetadata: (SEGMENT_METADATA_API_KEY, _write_segment),
     RemoteLogSegmentMetadataUpdate: (SEGMENT_METADATA_UPDATE_API_KEY, _write_update),
     RemotePartitionDeleteMetadata: (PARTITION_DELETE_API_KEY, _write_partition_delete),
@@ -176,9 +179,9 @@ def serialize(record: RemoteLogMetadata) -> bytes:
     except KeyError:
         raise TypeError(f"not a remote log metadata record: {type(record).__name__}") from None
     buf = io.BytesIO()
-    w.write_unsigned_varint(buf, FRAME_VERSION)
-    w.write_unsigned_varint(buf, api_key)
-    w.write_unsigned_varint(buf, WRITE_VERSION)
+    w.write_unsigned_varint(buf, uvarint(FRAME_VERSION))
+    w.write_unsigned_varint(buf, uvarint(api_key))
+    w.write_unsigned_varint(buf, uvarint(WRITE_VERSION))
     write(buf, record)
     return buf.getvalue()
 
@@ -191,7 +194,7 @@ def _uuid_of(raw: bytes) -> uuid.UUID:
     return _ZERO_UUID if raw == _ZERO_UUID_BYTES else uuid.UUID(bytes=raw)
 
 
-_NO_TAGS: Mapping[int, object] = MappingProxyType({})
+_NO_TAGS: Mapping[int, Any] = MappingProxyType({})
 
 
 class _Reader:
@@ -205,7 +208,7 @@ class _Reader:
         self.data = data
         self.pos = 0
 
-    def read(self, reader):  # type: ignore[no-untyped-def]
+    def read(self, reader: r.Reader[_T]) -> _T:
         value, size = reader(self.data, self.pos)
         self.pos += size
         return value
@@ -250,7 +253,7 @@ class _Reader:
             raise MetadataDecodeError("tagged field runs past the end of the record")
         self.pos += size
 
-    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], object]] = _NO_TAGS) -> Mapping[int, object]:
+    def tagged_fields(self, known: Mapping[int, Callable[[_Reader], int]] = _NO_TAGS) -> Mapping[int, int]:
         """Reads a tagged-field section: the values of the known tags present; unknown ones skipped."""
         count = self.uvarint()
         if not count:
@@ -340,7 +343,7 @@ def _read_segment(rd: _Reader, version: int) -> RemoteLogSegmentMetadata:
         start_offset=start_offset,
         end_offset=end_offset,
         max_timestamp_ms=max_timestamp_ms,
-        leader_epoch=int(tags.get(1, broker_id)),  # type: ignore[call-overload]
+        leader_epoch=int(tags.get(1, broker_id)),
         event_timestamp_ms=event_timestamp_ms,
         # Kafka keeps them in a map; the order on the wire is not a promise.
         segment_leader_epochs=tuple(sorted(epochs.items())),
@@ -360,7 +363,7 @@ def _read_update(rd: _Reader, version: int) -> RemoteLogSegmentMetadataUpdate:
         segment_id=segment_id,
         event_timestamp_ms=event_timestamp_ms,
         state=state,
-        leader_epoch=epoch if epoch != -1 else broker_id,  # type: ignore[arg-type]
+        leader_epoch=epoch if epoch != -1 else broker_id,
     )
 
 
@@ -373,7 +376,7 @@ def _read_partition_delete(rd: _Reader, version: int) -> RemotePartitionDeleteMe
     except ValueError:
         raise MetadataDecodeError(f"unknown remote partition delete state id {value}") from None
     epoch = rd.tagged_fields(_EPOCH_END_TAGS[version]).get(0, broker_id)
-    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, epoch)  # type: ignore[arg-type]
+    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, epoch)
 
 
 def _read_truncation(rd: _Reader, version: int) -> RemoteLogTruncation:
@@ -426,7 +429,7 @@ def deserialize(data: bytes | memoryview) -> RemoteLogMetadata:
 
 def _uvarint(value: int) -> bytes:
     buf = io.BytesIO()
-    w.write_unsigned_varint(buf, value)
+    w.write_unsigned_varint(buf, uvarint(value))
     return buf.getvalue()
 
 

@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import crc32c
 
@@ -122,7 +122,9 @@ def decode_partition(body: bytes | memoryview, topic_ids: TopicIds | None = None
     return p
 
 
-def _checked_body(head: bytes, body: bytes | memoryview) -> bytes | memoryview:
+_Body = TypeVar("_Body", bytes, memoryview)
+
+def _checked_body(head: bytes, body: _Body) -> _Body:
     length, crc = _SECTION.unpack(head)
     if len(body) != length:
         raise MetadataDecodeError(f"snapshot section of {length} bytes has {len(body)}")
@@ -138,7 +140,7 @@ def read_section(f: BinaryIO) -> bytes | None:
         return None
     if len(head) < _SECTION.size:
         raise MetadataDecodeError("snapshot ends inside a section header")
-    return _checked_body(head, f.read(_SECTION.unpack(head)[0]))  # type: ignore[return-value]
+    return _checked_body(head, f.read(_SECTION.unpack(head)[0]))
 
 
 def section_body(data: bytes | memoryview) -> bytes | memoryview:

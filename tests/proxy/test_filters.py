@@ -292,3 +292,13 @@ async def test_a_node_without_a_listener_is_never_named_to_clients():
     response = await run_chain(filters.chain(ApiKey.FETCH, 16), _context(filters), request)
     decoded = decode_response(ApiKey.FETCH, 16, b"".join(bytes(p) for p in response.parts))
     assert [e.node_id for e in decoded.node_endpoints] == [2]
+
+
+def test_a_chain_is_worked_out_once_per_api_version():
+    filters = FilterChains([BrokerAddressFilter(), ApiVersionsFilter()])
+    first = filters.chain(ApiKey.METADATA, 12)
+    assert first and filters.chain(ApiKey.METADATA, 12) is first
+    assert filters.chain(ApiKey.METADATA, 10_000) == ()  # a version no filter takes
+    many = [filters.chain(ApiKey.METADATA, version) for version in range(20_000)]  # bounded, still right
+    assert [bool(chain) for chain in many] == [version in BrokerAddressFilter.apis[ApiKey.METADATA]
+                                                for version in range(20_000)]

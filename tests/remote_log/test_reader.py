@@ -321,6 +321,52 @@ async def test_read_ahead_hides_store_latency_for_a_sequential_reader(tmp_path: 
         await close(reader)
 
 
+class _SlowFirstByte(CountingRSM):
+    """A store whose every read waits `delay_s` for its first byte, and says so to the reader
+    (`observe_range_reads`), as an object store's reads do; it counts the reads in flight."""
+
+    def __init__(self, inner, *, delay_s: float) -> None:
+        super().__init__(inner)
+        self.first_byte_s = delay_s
+        self.in_flight = self.most_in_flight = 0
+        self._observer = None
+
+    def observe_range_reads(self, observer) -> None:
+        self._observer = observer
+
+    async def read_log_into(self, metadata, start: int, buffer: memoryview) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await asyncio.sleep(self.first_byte_s)
+            arrived = loop.time()
+            await super().read_log_into(metadata, start, buffer)
+            if self._observer is not None:
+                self._observer(arrived - began, loop.time() - arrived, len(buffer))
+        finally:
+            self.in_flight -= 1
+
+
+async def test_read_ahead_grows_with_the_stores_first_byte_latency(tmp_path: Path) -> None:
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=90)
+        slow = _SlowFirstByte(rsm, delay_s=0.05)
+        reader = make_reader(slow, rlmm, chunk_size=1000, read_ahead=1)
+        offset, served = partition.log_start_offset, []
+        while offset <= partition.log_end_offset:
+            result = await reader.read(partition.tp, offset, 400, min_one_batch=True)
+            served.extend(result.records)
+            offset = result.next_fetch_offset
+        assert b"".join(served) == partition.log_of(0)
+        # One chunk ahead is configured (two reads in flight at most); the latency asks for
+        # more, up to the cache's per-segment bound on prefetches.
+        assert slow.most_in_flight == reader.chunk_cache.max_prefetch_per_segment > 2
+        assert len(slow.range_reads) == len(set(slow.range_reads))  # each chunk once
+        await close(reader)
+
+
 async def test_read_ahead_carries_on_into_the_next_segment(tmp_path: Path) -> None:
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=5, batches_per_segment=12)

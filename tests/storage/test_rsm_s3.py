@@ -8,11 +8,13 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import crc32c
 import pytest
 import pytest_asyncio
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
+import tierproxy.storage.rsm
 import tierproxy.storage.s3
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
@@ -20,6 +22,7 @@ from tierproxy.storage.errors import (
     RemoteResourceNotFound,
     RemoteStorageError,
 )
+from tierproxy.storage.manifest import BLOCK_BYTES
 from tierproxy.storage.model import IndexType
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
 from tierproxy.storage.s3 import MIB, S3RemoteStorageManager, storage_error
@@ -305,3 +308,40 @@ def test_server_side_encryption_settings_are_checked(s3_server: S3Server) -> Non
         manager(s3_server, sse="aes256")
     with pytest.raises(ValueError, match="aws:kms"):
         manager(s3_server, sse="AES256", sse_kms_key_id="alias/x")
+
+
+async def test_a_read_into_a_buffer_copies_what_aiohttp_received_straight_there(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ranged GET's body reaches the buffer with one copy: no `read(n)` joining aiohttp's
+    pieces into new bytes, and every block checked where it lies in the buffer, none
+    copied together from two pieces first."""
+    segment = make_segment(tmp_path, log_size=3 * MIB + 12345)
+    buffer = memoryview(bytearray(len(segment.log) - BLOCK_BYTES))
+    checked_in_place: list[bool] = []
+    joins: list[int] = []
+    crc = crc32c.crc32c
+
+    def crc32c_of(data: bytes | memoryview, *args: int) -> int:
+        checked_in_place.append(isinstance(data, memoryview) and data.obj is buffer.obj)
+        return crc(data, *args)
+
+    read = aiohttp.StreamReader.read
+
+    async def joining_read(self: aiohttp.StreamReader, n: int = -1) -> bytes:
+        joins.append(n)
+        return await read(self, n)
+
+    async with manager(s3_server, chunk_bytes=MIB) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await rsm.fetch_manifest(segment.metadata)  # the manifest's GET is not the read looked at
+        monkeypatch.setattr(tierproxy.storage.rsm.crc32c, "crc32c", crc32c_of)
+        monkeypatch.setattr(aiohttp.StreamReader, "read", joining_read)
+        reads: list[tuple[float, float, int]] = []
+        rsm.observe_range_reads(lambda first_byte, rest, size: reads.append((first_byte, rest, size)))
+        await rsm.read_log_into(segment.metadata, BLOCK_BYTES, buffer)
+    assert bytes(buffer) == segment.log[BLOCK_BYTES:]
+    assert joins == []
+    [(first_byte, rest, size)] = reads  # what the reader's read-ahead learns the store's latency from
+    assert first_byte > 0 and rest > 0 and size == len(buffer)
+    assert len(checked_in_place) == -(-len(buffer) // BLOCK_BYTES) and all(checked_in_place)

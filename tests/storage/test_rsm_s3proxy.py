@@ -4,12 +4,16 @@ the S3 benchmarks use), directly and behind the first-byte latency relay."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
 
-from tierproxy.storage.s3 import S3RemoteStorageManager
+from tierproxy.config import parse
+from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.s3 import MIB, S3RemoteStorageManager
 from testbed.latency import LatencyRelay
 from testbed.s3proxy import S3ProxyServer
 
@@ -51,3 +55,29 @@ async def test_the_relay_holds_back_every_response_by_its_first_byte_latency(s3p
                     elapsed_ms = (time.perf_counter() - started) * 1000
                     assert data == segment.log[1000:2_900_001]
                     assert elapsed_ms >= delay_ms, (attempt, elapsed_ms)
+
+
+@pytest.fixture(scope="module")
+def s3proxy_tls(tmp_path_factory) -> Iterator[S3ProxyServer]:
+    with S3ProxyServer(workdir=tmp_path_factory.mktemp("s3proxy-tls"), tls=True) as server:
+        yield server
+
+
+async def test_over_https_the_store_trusts_the_configured_ca_and_only_it(s3proxy_tls, tmp_path):
+    """S3Proxy serving HTTPS only, as object stores are reached: the store configured with
+    the endpoint's CA (remote.log.storage.s3.ssl.truststore.location) copies a segment and
+    reads it back into a buffer; without that CA the certificate is refused, and no retry
+    is spent on it."""
+    properties = s3proxy_tls.storage_properties(f"t-{uuid.uuid4().hex[:8]}")
+    assert properties["remote.log.storage.s3.endpoint.url"].startswith("https://")
+    segment = make_segment(tmp_path, log_size=3 * MIB + 1000)
+    async with remote_storage_manager(parse({**properties, "bootstrap.servers": "127.0.0.1:9092"})) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        buffer = memoryview(bytearray(2 * MIB))
+        await rsm.read_log_into(segment.metadata, MIB, buffer)
+        assert bytes(buffer) == segment.log[MIB:3 * MIB]
+    untrusted = {k: v for k, v in properties.items() if k != "remote.log.storage.s3.ssl.truststore.location"}
+    async with remote_storage_manager(parse({**untrusted, "bootstrap.servers": "127.0.0.1:9092"})) as rsm:
+        with pytest.raises(RemoteStorageError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
+            await rsm.fetch_manifest(segment.metadata)
+        assert not e.value.retriable

@@ -273,3 +273,33 @@ def test_an_unreadable_key_file_is_an_invalid_configuration(tmp_path):
     assert result.returncode == 2
     assert f"invalid configuration: remote.log.storage.encryption.keys: key 'k1' (file {tmp_path}/absent.key)" \
         in result.stderr
+
+
+async def test_with_the_remote_backend_status_reads_the_published_metadata_and_says_when(kafka_cluster, topic,
+                                                                                        tmp_path):
+    """A read replica's status: the remote range from what was published into the store, and
+    how long ago that was; nothing published yet says nothing of it."""
+    from tierproxy.storage.metadata.bucket import publish
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=1)
+    properties = _write_properties(tmp_path / "tierproxy.properties", bootstrap, tmp_path, [name])
+    config = load(properties)
+    await _produce(bootstrap, name, {0: 300})
+    async with remote_storage_manager(config) as rsm, remote_log_metadata_manager(config) as rlmm:
+        tiered = await _tier_prefix(bootstrap, name, 0, 200, rsm, rlmm, tmp_path / "work")
+        replica = _write_properties(tmp_path / "replica.properties", bootstrap, tmp_path, [name],
+                                    **{"remote.log.metadata.backend": "remote"})
+        unpublished = json.loads(_status(replica, "--json").stdout)
+        assert unpublished["metadata_published_seconds_ago"] is None
+        assert unpublished["partitions"][0]["ry"] is None
+        await publish(rsm, rlmm.partition_states())
+
+    result = _status(replica, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    row = report["partitions"][0]
+    assert (row["rx"], row["ry"], row["remote_segments"]) == (0, tiered[-1].end_offset, 2)
+    assert report["metadata_published_seconds_ago"] >= 0
+    text = _status(replica)
+    assert "Remote log metadata published into the remote store" in text.stdout

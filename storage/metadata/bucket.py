@@ -1,0 +1,355 @@
+"""Remote log metadata in the remote store itself: published by the pipeline, read by
+`BucketRemoteLogMetadataManager` (`remote.log.metadata.backend=remote`) with bucket
+credentials only: a read replica in front of another cluster, or a fast first start.
+
+Objects, under the store's key prefix (`<prefix>/__remote_log_metadata/`):
+
+    head                          JSON: format, generation, published_ms, the sections
+                                  objects in the order they apply, the index
+    <generation>-<n>.sections     "RLMBKT01", partition count (uint32), then one
+                                  `snapshot.py` section (a partition's whole state) each
+    <generation>.index            (topic id, partition, CRC of its section) per partition
+                                  published: what the next publication compares against
+
+A compaction writes the state of every partition as a few sections objects (the snapshot,
+fetched concurrently); a publication in between writes one object with the partitions
+whose state changed since (segments added, moved between COPY/DELETE states, cut by a
+truncation; a partition's deletion), which a reader installs over what it has. The head
+names all of them and is written last, replacing the one before: a reader that sees a head
+sees every object it names, and never one a failed publication left half-written. Objects
+no head names any more are removed after a compaction (those of the head replaced stay,
+for readers that read it just before); a reader that misses one reads the head again.
+
+A refresh with nothing published costs one GET (the head), whatever the partition count.
+Publications come from the pipeline after its commits, from its metadata store's state,
+so the bucket is never ahead of that store; one that failed is made good by the next,
+which compares against what the bucket's index says, not against what it meant to write.
+One publisher at a time (the pipeline's lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import crc32c
+
+from ..errors import MetadataNotReady, RemoteLogMetadataError, RemoteResourceNotFound
+from ..model import TopicIdPartition
+from . import RemoteLogMetadataManager
+from .cache import RemoteLogMetadataCache
+from .partition import PartitionState
+from .serde import MetadataDecodeError, RemoteLogMetadata
+from .snapshot import encode_partition, read_snapshot_partitions
+
+if TYPE_CHECKING:
+    from ..rsm import RemoteStorageManager
+
+log = logging.getLogger(__name__)
+
+FOLDER = "__remote_log_metadata"
+HEAD = "head"
+FORMAT = 1
+SECTIONS_MAGIC = b"RLMBKT01"
+_SECTIONS_HEADER = struct.Struct("<8sI")
+_INDEX_ENTRY = struct.Struct("<16siI")
+# A snapshot is cut into objects of about this size, fetched concurrently at a start.
+SNAPSHOT_OBJECT_BYTES = 4 << 20
+# A compaction comes once the change objects are this many, or outweigh the snapshot.
+MAX_CHANGE_OBJECTS = 16
+FETCH_CONCURRENCY = 16
+# Heads read again when an object one named was removed meanwhile (two compactions).
+_HEAD_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    name: str
+    size: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    generation: int
+    published_ms: int
+    objects: tuple[StoredObject, ...]  # sections objects, in the order they apply
+    snapshot_objects: int  # how many of them, first, are the snapshot
+    index: StoredObject | None
+
+    def encode(self) -> bytes:
+        def obj(o: StoredObject) -> dict[str, object]:
+            return {"name": o.name, "bytes": o.size, "crc32c": o.crc}
+
+        return json.dumps({"format": FORMAT, "generation": self.generation, "published_ms": self.published_ms,
+                           "snapshot_objects": self.snapshot_objects, "objects": [obj(o) for o in self.objects],
+                           "index": obj(self.index) if self.index else None}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Head:
+        try:
+            doc = json.loads(data)
+            if doc["format"] != FORMAT:
+                raise MetadataDecodeError(f"remote log metadata head of format {doc['format']}, not {FORMAT}")
+
+            def obj(o: dict[str, object]) -> StoredObject:
+                return StoredObject(str(o["name"]), int(o["bytes"]), int(o["crc32c"]))  # type: ignore[call-overload]
+
+            return cls(int(doc["generation"]), int(doc["published_ms"]), tuple(obj(o) for o in doc["objects"]),
+                       int(doc["snapshot_objects"]), obj(doc["index"]) if doc["index"] else None)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MetadataDecodeError(f"remote log metadata head does not decode: {exc}") from exc
+
+
+class BucketMetadata:
+    """The metadata folder of one store: reads and writes whole objects, checked against the head."""
+
+    def __init__(self, rsm: RemoteStorageManager) -> None:
+        self.rsm = rsm
+
+    @staticmethod
+    def key(name: str) -> str:
+        """The object's name below the store's key prefix."""
+        return f"{FOLDER}/{name}"
+
+    async def head(self) -> Head | None:
+        try:
+            return Head.decode(await self.rsm.get_object(self.key(HEAD)))
+        except RemoteResourceNotFound:
+            return None
+
+    async def read(self, o: StoredObject) -> bytes:
+        data = await self.rsm.get_object(self.key(o.name))
+        if len(data) != o.size or crc32c.crc32c(data) != o.crc:
+            raise MetadataDecodeError(f"{self.key(o.name)} is not the object its head names")
+        return data
+
+    async def write(self, name: str, data: bytes) -> StoredObject:
+        await self.rsm.put_object(self.key(name), data)
+        return StoredObject(name, len(data), crc32c.crc32c(data))
+
+
+# ---------------------------------------------------------------------------- formats
+
+
+def encode_sections(sections: list[bytes]) -> bytes:
+    return b"".join([_SECTIONS_HEADER.pack(SECTIONS_MAGIC, len(sections)), *sections])
+
+
+def decode_sections(data: bytes, keep: Callable[[TopicIdPartition], bool] | None = None) -> list[PartitionState]:
+    if len(data) < _SECTIONS_HEADER.size:
+        raise MetadataDecodeError("remote log metadata object is shorter than its header")
+    magic, count = _SECTIONS_HEADER.unpack_from(data)
+    if magic != SECTIONS_MAGIC:
+        raise MetadataDecodeError(f"not a remote log metadata sections object (magic {magic!r})")
+    f = io.BytesIO(data)
+    f.seek(_SECTIONS_HEADER.size)
+    return list(read_snapshot_partitions(f, count, keep))
+
+
+def encode_index(crcs: dict[TopicIdPartition, int]) -> bytes:
+    return b"".join(_INDEX_ENTRY.pack(tp.topic_id.bytes, tp.partition, crc) for tp, crc in crcs.items())
+
+
+def decode_index(data: bytes) -> dict[tuple[bytes, int], int]:
+    """(topic id bytes, partition) -> CRC of the partition's section."""
+    if len(data) % _INDEX_ENTRY.size:
+        raise MetadataDecodeError("remote log metadata index is not whole entries")
+    return {(topic_id, partition): crc for topic_id, partition, crc in _INDEX_ENTRY.iter_unpack(data)}
+
+
+def _section_crc(section: bytes) -> int:
+    return struct.unpack_from("<I", section, 4)[0]  # the body's CRC in the section header
+
+
+def _cut(sections: list[bytes], size: int) -> list[list[bytes]]:
+    """`sections` in runs of about `size` bytes (at least one run)."""
+    runs: list[list[bytes]] = [[]]
+    total = 0
+    for s in sections:
+        if runs[-1] and total + len(s) > size:
+            runs.append([])
+            total = 0
+        runs[-1].append(s)
+        total += len(s)
+    return runs
+
+
+# ---------------------------------------------------------------------------- publishing
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    generation: int
+    partitions_changed: int
+    objects_written: int
+    compacted: bool
+
+
+async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
+                  *, now_ms: int | None = None,
+                  snapshot_object_bytes: int = SNAPSHOT_OBJECT_BYTES) -> Publication:
+    """Publishes `states` (every partition of the metadata store, read after its commits)
+    into the store: the partitions that differ from what the bucket's index says, or a new
+    snapshot of them all when one is due. The head is written last, and always (its
+    `published_ms` tells readers the publisher is alive)."""
+    bucket = BucketMetadata(rsm)
+    head = await bucket.head()
+    published = decode_index(await bucket.read(head.index)) if head and head.index else {}
+    sections = {p.tp: encode_partition(p) for p in states}
+    crcs = {tp: _section_crc(s) for tp, s in sections.items()}
+    changed = [s for tp, s in sections.items() if published.get((tp.topic_id.bytes, tp.partition)) != crcs[tp]]
+    generation, objects, snapshot_objects = (head.generation + 1, head.objects, head.snapshot_objects) if head \
+        else (1, (), 0)
+    changes = objects[snapshot_objects:]
+    snapshot_bytes = sum(o.size for o in objects[:snapshot_objects])
+    change_bytes = sum(o.size for o in changes) + sum(map(len, changed))
+    compact = head is None or (bool(changed) and (
+        len(changes) + 1 > MAX_CHANGE_OBJECTS or change_bytes > max(snapshot_bytes, snapshot_object_bytes)))
+    written: list[StoredObject] = []
+    if compact:
+        runs = _cut(list(sections.values()), snapshot_object_bytes)
+        written = list(await asyncio.gather(*(
+            bucket.write(f"{generation:020d}-{n}.sections", encode_sections(run)) for n, run in enumerate(runs))))
+        objects, snapshot_objects = tuple(written), len(written)
+    elif changed:
+        written = [await bucket.write(f"{generation:020d}-0.sections", encode_sections(changed))]
+        objects += tuple(written)
+    if head is not None and not changed:
+        index = head.index
+    else:
+        index = await bucket.write(f"{generation:020d}.index", encode_index(crcs))
+        written.append(index)
+    new_head = Head(generation, now_ms if now_ms is not None else int(time.time() * 1000), objects,
+                    snapshot_objects, index)
+    await rsm.put_object(bucket.key(HEAD), new_head.encode())  # last: the publication is whole now
+    if compact and head is not None:
+        await _remove_unnamed(bucket, (head, new_head))
+    return Publication(generation, len(changed), len(written), compact)
+
+
+async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None:
+    """Removes the objects neither of `heads` names (best effort: the next compaction tries again)."""
+    named = {HEAD} | {o.name for h in heads for o in (*h.objects, *([h.index] if h.index else []))}
+    folder = bucket.key("")
+    try:
+        names = await bucket.rsm.list_objects(folder)
+        await bucket.rsm.delete_objects(n for n in names if n.removeprefix(folder) not in named)
+    except Exception as exc:  # noqa: BLE001 - unreferenced objects cost only space
+        log.warning("removing old remote log metadata objects under %s failed: %s", folder, exc)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+class BucketRemoteLogMetadataManager(RemoteLogMetadataManager):
+    """`remote.log.metadata.backend=remote`: the metadata the pipeline published into the
+    store, read-only, followed every `refresh_interval_ms` (and on `refresh()`)."""
+
+    def __init__(self, rsm: RemoteStorageManager, *, refresh_interval_ms: int = 5000,
+                 partitions: Iterable[TopicIdPartition] | None = None, owns_store: bool = False) -> None:
+        super().__init__(partitions)
+        self.bucket = BucketMetadata(rsm)
+        self.refresh_interval_ms = refresh_interval_ms
+        self.owns_store = owns_store
+        self.head: Head | None = None
+        self._applied: tuple[StoredObject, ...] = ()
+        self._started = asyncio.Event()
+        self._refresh_lock = asyncio.Lock()
+        self._follower: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def published_ms(self) -> int | None:
+        """When the head read last was published (the publisher's clock); None before any."""
+        return self.head.published_ms if self.head else None
+
+    async def start(self) -> None:
+        if self._started.is_set():
+            return
+        await self.refresh()
+        self._started.set()
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_ms / 1000)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - a failed read is retried at the next interval; serving goes on
+                log.exception("refreshing the remote log metadata from %s failed", self.bucket.key(HEAD))
+
+    async def refresh(self) -> int:
+        """Reads the head; when it names objects not applied yet, fetches and installs them.
+        Returns how many partitions changed."""
+        async with self._refresh_lock:
+            for attempt in range(_HEAD_ATTEMPTS):
+                head = await self.bucket.head()
+                if head is None or (self.head is not None and head.generation == self.head.generation):
+                    return 0
+                try:
+                    return await self._apply(head)
+                except RemoteResourceNotFound:
+                    if attempt + 1 == _HEAD_ATTEMPTS:
+                        raise
+                    log.info("an object of remote log metadata generation %d is gone: reading the head again",
+                             head.generation)
+        return 0
+
+    async def _apply(self, head: Head) -> int:
+        known = len(self._applied)
+        incremental = head.objects[:known] == self._applied and self.head is not None
+        fresh = head.objects[known:] if incremental else head.objects
+        keep = None if self.scope is None else self.in_scope
+        semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+        async def load(o: StoredObject) -> list[PartitionState]:
+            async with semaphore:
+                data = await self.bucket.read(o)
+            return await asyncio.to_thread(decode_sections, data, keep)
+
+        loaded = await asyncio.gather(*(load(o) for o in fresh))
+        cache = self._cache if incremental else RemoteLogMetadataCache()
+        changed = 0
+        for states in loaded:  # in order: a later object's partition replaces an earlier one's
+            for state in states:
+                cache.install(state)
+                changed += 1
+        self._cache, self.head, self._applied = cache, head, head.objects
+        return changed
+
+    async def _publish(self, record: RemoteLogMetadata) -> None:
+        raise RemoteLogMetadataError(
+            "remote.log.metadata.backend=remote is read-only: the pipeline of the cluster that tiers these "
+            "partitions publishes their metadata into the store")
+
+    def _is_ready(self, tp: TopicIdPartition) -> bool:
+        return self._started.is_set() and not self._closed
+
+    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        self._check_scope(tp)
+        try:
+            await asyncio.wait_for(self._started.wait(), timeout)
+        except TimeoutError:
+            raise MetadataNotReady(
+                f"remote log metadata in {self.bucket.key(HEAD)} not loaded after {timeout}s") from None
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+        if self.owns_store:
+            await self.bucket.rsm.close()
+
+
