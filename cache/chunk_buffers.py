@@ -28,6 +28,7 @@ import collections
 import contextvars
 import mmap
 import threading
+from collections.abc import Callable
 
 __all__ = ("ChunkBuffers", "ChunkLeases", "current_leases", "response_leases")
 
@@ -51,6 +52,7 @@ class ChunkBuffers:
         self._allocated = 0
         self._lock = threading.Lock()  # `fill` allocates in a thread while loads may take
         self.reused = 0  # buffers handed out again rather than allocated
+        self.on_release: Callable[[], None] = lambda: None  # a response gave its last lease on a buffer back
         self.allocated_on_demand = 0  # buffers a load had to map itself
 
     def fill(self) -> None:
@@ -101,8 +103,10 @@ class ChunkBuffers:
             count = self._responses.pop(buffer) - 1
             if count:
                 self._responses[buffer] = count
-            elif buffer in self._retired:
-                self.held_bytes -= self._retired[buffer]
+            else:
+                if buffer in self._retired:
+                    self.held_bytes -= self._retired[buffer]
+                self.on_release()
         left = self._leases.pop(buffer) - 1
         if left:
             self._leases[buffer] = left

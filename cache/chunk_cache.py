@@ -27,7 +27,9 @@ never evicted to make room, and those that responses hold count against the boun
 `stored + held + reserved <= max_bytes`, but for chunks of demand loads that did not fit
 beside the prefetches in flight and are served without being kept (at most one per
 demand load in flight). A demand load that finds the bound full of what responses hold
-(clients that stopped reading) fails at once with ChunkCacheFull, retriable, for that
+(clients that stopped reading) waits for them to give chunks back as long as its read's
+deadline allows (`storage.backoff.read_deadline`: the fetch's remote.fetch.max.wait.ms,
+which then answers empty records), then fails with ChunkCacheFull, retriable, for that
 read only; a chunk still cached is served all the same.
 
 A chunk whose load meets a corrupt block (the store checks each block as it streams
@@ -40,10 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import mmap
 import uuid
 
+from tierproxy.storage.backoff import read_time_left
 from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.model import RemoteLogSegmentMetadata
 from tierproxy.storage.rsm import RemoteStorageManager
@@ -110,6 +114,9 @@ class ChunkCache:
         # The chunks' memory: as many buffers as the bound holds, mapped by `start`.
         self._buffers = ChunkBuffers(chunk_size, count=max_bytes // chunk_size)
         self._claims: dict[ChunkKey, list[_Claim]] = {}
+        # Set when a response gives a chunk back: demand loads waiting for room look again.
+        self._released = asyncio.Event()
+        self._buffers.on_release = self._released.set
         self._read_bytes = 0
         self._prefetched_bytes = 0
         self._reserved_bytes = 0
@@ -267,15 +274,28 @@ class ChunkCache:
                      if held(data.obj))
         return cached + self._buffers.held_bytes
 
+    async def _room_for(self, segment: RemoteLogSegmentMetadata, index: int, size: int) -> None:
+        """Until what responses hold leaves room for `size` bytes (or nothing is held): as
+        long as the read's deadline allows, then ChunkCacheFull."""
+        while True:
+            held = self._held_by_responses()
+            if not held or held + size <= self.max_bytes:
+                return
+            left = read_time_left()
+            if left is not None and left > 0:
+                self._released.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), left)
+                continue
+            raise ChunkCacheFull(
+                f"chunk {index} of segment {segment.segment_id.id}: responses not yet written hold "
+                f"{held} bytes of the chunk cache's {self.max_bytes} (remote.log.chunk.cache.size.bytes)")
+
     async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> memoryview:
         start = index * self.chunk_size
         size = self.chunk_length(segment, index)
         if not reserved:
-            held = self._held_by_responses()
-            if held and held + size > self.max_bytes:
-                raise ChunkCacheFull(
-                    f"chunk {index} of segment {segment.segment_id.id}: responses not yet written hold "
-                    f"{held} bytes of the chunk cache's {self.max_bytes} (remote.log.chunk.cache.size.bytes)")
+            await self._room_for(segment, index, size)
         buffer = self._buffers.take()
         data = memoryview(b"")
         try:

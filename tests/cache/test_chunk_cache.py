@@ -255,6 +255,32 @@ async def test_chunks_responses_hold_count_against_the_bound(tmp_path: Path) -> 
         await cache.close()
 
 
+async def test_a_read_with_a_deadline_waits_for_held_chunks_to_be_given_back(tmp_path: Path) -> None:
+    """Within its fetch's wait a read waits for room instead of failing; past it, it fails."""
+    from tierproxy.storage.backoff import read_deadline
+
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+        segment = partition.segments[0]
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+        stuck = ChunkLeases()
+        await cache.get(segment, 0, leases=stuck)
+        await cache.get(segment, 1, leases=stuck)
+        with read_deadline(0.05), pytest.raises(ChunkCacheFull):
+            await cache.get(segment, 2, leases=ChunkLeases())
+
+        async def read_within_the_wait() -> bytes:
+            with read_deadline(30):
+                return bytes(await cache.get(segment, 2, leases=ChunkLeases()))
+
+        waiting = asyncio.create_task(read_within_the_wait())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        stuck.release()  # the slow client's responses went out
+        assert await waiting == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        await cache.close()
+
+
 async def test_a_response_leases_what_it_reads_in_its_context(tmp_path: Path) -> None:
     """The response being made in a task holds every chunk read in it, without passing its
     leases down; other tasks' reads are not its."""
