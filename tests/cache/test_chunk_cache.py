@@ -233,16 +233,22 @@ async def test_a_hit_is_leased_before_its_read_ahead_makes_room(tmp_path: Path) 
         await cache.close()
 
 
+async def _bound_full_of_held_chunks(tmp_path: Path, rsm: Any, rlmm: Any) -> tuple[Any, Any, ChunkCache, ChunkLeases]:
+    """A cache of two chunks, both held by a response whose client stopped reading."""
+    partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+    segment = partition.segments[0]
+    cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+    stuck = ChunkLeases()
+    await cache.get(segment, 0, leases=stuck)
+    await cache.get(segment, 1, leases=stuck)
+    return partition, segment, cache, stuck
+
+
 async def test_chunks_responses_hold_count_against_the_bound(tmp_path: Path) -> None:
     """A client that stops reading holds its responses' chunks: once they fill the bound a
     new remote read fails, retriable, for that read only; a chunk still cached is served."""
     async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
-        segment = partition.segments[0]
-        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
-        stuck = ChunkLeases()
-        await cache.get(segment, 0, leases=stuck)
-        await cache.get(segment, 1, leases=stuck)
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
         with pytest.raises(ChunkCacheFull) as failed:
             await cache.get(segment, 2, leases=ChunkLeases())
         assert failed.value.retriable
@@ -260,12 +266,7 @@ async def test_a_read_with_a_deadline_waits_for_held_chunks_to_be_given_back(tmp
     from tierproxy.storage.backoff import read_deadline
 
     async with local_remote_log(tmp_path) as (rsm, rlmm):
-        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
-        segment = partition.segments[0]
-        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
-        stuck = ChunkLeases()
-        await cache.get(segment, 0, leases=stuck)
-        await cache.get(segment, 1, leases=stuck)
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
         with read_deadline(0.05), pytest.raises(ChunkCacheFull):
             await cache.get(segment, 2, leases=ChunkLeases())
 
