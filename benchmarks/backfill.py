@@ -78,6 +78,7 @@ from pathlib import Path
 
 from benchmark_data import MB, produce  # beside this script
 from floor import floor_seconds_per_gb  # beside this script
+import profiling  # beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -377,7 +378,7 @@ def paused(pid: int) -> Iterator[None]:
 
 
 def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client_config: dict[str, str],
-             profile_dir: str | None) -> list[Measured]:
+             profile_dir: str | None, py_spy_dir: str | None = None) -> list[Measured]:
     """A case's cold and warm replays."""
     replays = CONCURRENT_REPLAYS if case in "wW" else 1
     if case == "a":
@@ -394,9 +395,17 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client
         serving["remote.log.storage.s3.endpoint.url"] = relay.endpoint_url
     profile = Path(profile_dir) / f"{data.name}-{case}-{round_}.prof" if profile_dir else None
     with proxy_process(serving, data.workdir / f"proxy-{case}-{round_}", profile) as proxy:
-        return measured_replays(proxy["bootstrap"], data.local_topic if case == "b" else data.remote_topic,
-                                data.records, client_config, kafka.pids[0], proxy, int(serving["metrics.port"]),
-                                replays, relay.pid if case == "f" else None)
+        raw = Path(py_spy_dir).resolve() / f"{data.name}-{case}-{round_}.raw" if py_spy_dir else None
+        if raw is not None:
+            raw.parent.mkdir(parents=True, exist_ok=True)
+        with profiling.record(proxy["pid"], raw) if raw else contextlib.nullcontext():
+            runs = measured_replays(proxy["bootstrap"], data.local_topic if case == "b" else data.remote_topic,
+                                    data.records, client_config, kafka.pids[0], proxy, int(serving["metrics.port"]),
+                                    replays, relay.pid if case == "f" else None)
+    if raw is not None:
+        print(f"  py-spy of the proxy ({case}, cold then warm): {raw}")
+        print(profiling.format_summary(*profiling.summarize(raw), top=10), flush=True)
+    return runs
 
 
 def main() -> int:
@@ -412,6 +421,8 @@ def main() -> int:
     parser.add_argument("--proxy-config", action="append", default=[], metavar="KEY=VALUE",
                         help="proxy setting for every proxy case, e.g. remote.log.read.ahead.chunks=4 (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="run the proxy under cProfile, one file per round")
+    parser.add_argument("--py-spy", metavar="DIR", help="record the proxy's processes with py-spy, one raw file "
+                        "per case and round, and print the top of each profile")
     args = parser.parse_args()
     from tierproxy.loadtest import parse_client_config
 
@@ -490,7 +501,8 @@ def main() -> int:
                     # work (Kafka's remote log tasks, G1) is not charged to the other side.
                     idle = kafka if case == "e" else native
                     with paused(idle.pids[0]) if idle is not None else contextlib.nullcontext():
-                        runs = run_case(case, round_, data, kafka, native, relay, client_config, args.profile)
+                        runs = run_case(case, round_, data, kafka, native, relay, client_config, args.profile,
+                                        args.py_spy)
                     for phase, run in zip(("cold", "warm"), runs):
                         results.setdefault((case, phase), []).append(run)
                         print(f"  round {round_ + 1} ({case}) {label:37} {phase}  {_line(run)}", flush=True)

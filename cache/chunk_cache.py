@@ -2,10 +2,12 @@
 
 Chunk i of a segment covers bytes [i * chunk_size, (i + 1) * chunk_size) of its
 `.log`; the last chunk is short (the segment's size is in its metadata). A chunk
-is read with one ranged read into a chunk-sized buffer (`chunk_buffers`: the buffer of
-an evicted chunk, once no reader views it any more), and readers slice it with
-memoryviews: a chunk evicted while a reader still holds it stays alive for that reader
-only, and its buffer is not reused until then.
+is read with one ranged read into a chunk-sized buffer of the cache's pool
+(`chunk_buffers`: taken once, at start, and reused), and readers slice it with
+memoryviews. `get` leases the chunk's buffer to the response being made (`ChunkLeases`,
+the context's or one given): a chunk evicted while a response still holds slices of it
+stays in its buffer, counted as held, until the response gave the lease back; only then
+is the buffer reused.
 
 Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
 i+1 .. i+N (`read_ahead_chunks`) are fetched in the background, so a sequential
@@ -20,9 +22,15 @@ Speculation gives way to demand: a chunk a reader waited for evicts prefetched
 chunks first, then the least recently read ones. A prefetch reserves its bytes
 before it starts (evicting read chunks only, never other prefetched ones) and is
 skipped when there is no room; at most `max_prefetch_per_segment` run at once per
-segment. So `stored + reserved <= max_bytes` always holds, whatever the number of
-readers. Memory beyond the bound is what readers hold: one chunk per demand load
-in flight and the slices of the responses being written.
+segment. Chunks that a holder leases (cached and leased, or evicted and still held) are
+never evicted to make room, and those that responses hold count against the bound:
+`stored + held + reserved <= max_bytes`, but for chunks of demand loads that did not fit
+beside the prefetches in flight and are served without being kept (at most one per
+demand load in flight). A demand load that finds the bound full of what responses hold
+(clients that stopped reading) waits for them to give chunks back as long as its read's
+deadline allows (`storage.backoff.read_deadline`: the fetch's remote.fetch.max.wait.ms,
+which then answers empty records), then fails with ChunkCacheFull, retriable, for that
+read only; a chunk still cached is served all the same.
 
 A chunk whose load meets a corrupt block (the store checks each block as it streams
 it) is neither cached nor returned: `get` raises CorruptChunk, which carries the
@@ -32,16 +40,20 @@ the whole batches they hold.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import functools
+import mmap
 import uuid
 
-from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment
+from tierproxy.storage.backoff import read_time_left
+from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.model import RemoteLogSegmentMetadata
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from . import NO_METRICS, CacheMetrics
-from .chunk_buffers import ChunkBuffers
+from .chunk_buffers import ChunkBuffers, ChunkLeases, current_leases
 from .single_flight import SingleFlight
 
 ChunkKey = tuple[uuid.UUID, int]
@@ -56,6 +68,24 @@ class CorruptChunk(CorruptRemoteSegment):
         self.index = index
         self.intact = intact
         self.error = error
+
+
+class ChunkCacheFull(RemoteStorageError):
+    """The chunk cache's bound is taken by chunks that responses still hold: the read may
+    succeed once those are written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
+
+
+class _Claim:
+    """A reader waiting for a chunk's load: the load leases the buffer for it before the
+    reader resumes, so that nothing reuses the buffer in between."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self) -> None:
+        self.buffer: mmap.mmap | None = None
 
 
 class ChunkCache:
@@ -81,9 +111,12 @@ class ChunkCache:
         self._metrics = metrics
         self._read: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
         self._prefetched: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
-        # Evicted chunks' buffers, reused for the next loads: enough for the loads a
-        # sequential reader keeps in flight (the chunk it waits for and its read-ahead).
-        self._buffers = ChunkBuffers(chunk_size, keep=read_ahead_chunks + 2)
+        # The chunks' memory: as many buffers as the bound holds, mapped by `start`.
+        self._buffers = ChunkBuffers(chunk_size, count=max_bytes // chunk_size)
+        self._claims: dict[ChunkKey, list[_Claim]] = {}
+        # Set when a response gives a chunk back: demand loads waiting for room look again.
+        self._released = asyncio.Event()
+        self._buffers.on_release = self._released.set
         self._read_bytes = 0
         self._prefetched_bytes = 0
         self._reserved_bytes = 0
@@ -103,9 +136,14 @@ class ChunkCache:
         return self._reserved_bytes
 
     @property
+    def held_bytes(self) -> int:
+        """Evicted chunks that responses still hold."""
+        return self._buffers.held_bytes
+
+    @property
     def total_bytes(self) -> int:
-        """What counts against `max_bytes`: stored chunks plus reservations."""
-        return self.stored_bytes + self._reserved_bytes
+        """What counts against `max_bytes`: stored chunks, held ones and reservations."""
+        return self.stored_bytes + self._buffers.held_bytes + self._reserved_bytes
 
     def __len__(self) -> int:
         return len(self._read) + len(self._prefetched)
@@ -122,16 +160,28 @@ class ChunkCache:
 
     # ------------------------------------------------------------------ reads
 
-    async def get(self, segment: RemoteLogSegmentMetadata, index: int, *, read_ahead: bool = True) -> memoryview:
-        """Chunk `index` of the segment; with `read_ahead`, the next chunks are prefetched."""
+    async def start(self) -> None:
+        """Map the pool's buffers, off the event loop: no read faults fresh memory on it."""
+        await asyncio.to_thread(self._buffers.fill)
+
+    async def get(self, segment: RemoteLogSegmentMetadata, index: int, *, read_ahead: bool = True,
+                  leases: ChunkLeases | None = None) -> memoryview:
+        """Chunk `index` of the segment, leased to `leases` (by default the response being
+        made in this context: `chunk_buffers.current_leases`); with `read_ahead`, the next
+        chunks are prefetched. A caller holding no leases must not keep the chunk across
+        an await."""
         if self._closed:
             raise RuntimeError("chunk cache is closed")
         if not 0 <= index < self.chunk_count(segment):
             raise ValueError(
                 f"chunk {index} is outside segment {segment.segment_id.id} of {segment.segment_size_in_bytes} bytes"
             )
+        if leases is None:
+            leases = current_leases()
         key = (segment.segment_id.id, index)
         data = self._take(key)
+        if data is not None and leases is not None:  # before the read-ahead evicts anything
+            leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]
         if read_ahead:
             # Before waiting on a miss: the next chunks load alongside this one.
             self.prefetch(segment, index + 1, self.read_ahead_chunks)
@@ -139,7 +189,20 @@ class ChunkCache:
             self._metrics.hit()
             return data
         self._metrics.miss()
-        data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0))
+        claim = _Claim()
+        self._claims.setdefault(key, []).append(claim)
+        try:
+            data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0))
+        finally:
+            claims = self._claims.get(key)
+            if claims is not None and claim in claims:
+                claims.remove(claim)
+                if not claims:
+                    del self._claims[key]
+            if claim.buffer is not None:  # the claim's lease passes to the holder
+                if leases is not None:
+                    leases.hold(self._buffers, claim.buffer)
+                self._buffers.release(claim.buffer, response=False)
         self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
         return data
 
@@ -198,32 +261,69 @@ class ChunkCache:
         """Set `size` bytes aside for a prefetch, evicting read chunks only."""
         if self._prefetched_bytes + self._reserved_bytes + size > self.max_bytes:
             return False
-        while self.total_bytes + size > self.max_bytes:
-            self._evict_oldest(self._read)
+        if not self._make_room(size, (self._read,)):
+            return False
         self._reserved_bytes += size
         self._publish_size()
         return True
 
+    def _held_by_responses(self) -> int:
+        """Bytes of chunks, cached or not, that responses hold."""
+        held = self._buffers.held_by_response
+        cached = sum(len(data) for area in (self._read, self._prefetched) for data in area.values()
+                     if held(data.obj))
+        return cached + self._buffers.held_bytes
+
+    async def _room_for(self, segment: RemoteLogSegmentMetadata, index: int, size: int) -> None:
+        """Until what responses hold leaves room for `size` bytes (or nothing is held): as
+        long as the read's deadline allows, then ChunkCacheFull."""
+        while True:
+            held = self._held_by_responses()
+            if not held or held + size <= self.max_bytes:
+                return
+            left = read_time_left()
+            if left is not None and left > 0:
+                self._released.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), left)
+                continue
+            raise ChunkCacheFull(
+                f"chunk {index} of segment {segment.segment_id.id}: responses not yet written hold "
+                f"{held} bytes of the chunk cache's {self.max_bytes} (remote.log.chunk.cache.size.bytes)")
+
     async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> memoryview:
         start = index * self.chunk_size
+        size = self.chunk_length(segment, index)
+        if not reserved:
+            await self._room_for(segment, index, size)
         buffer = self._buffers.take()
-        data = memoryview(buffer)[:self.chunk_length(segment, index)]
+        data = memoryview(b"")
         try:
+            if buffer is None:  # none free: mapped off the event loop
+                buffer = await asyncio.to_thread(self._buffers.map_one)
+            data = memoryview(buffer)[:size]
             await self.rsm.read_log_into(segment, start, data)
         except BaseException as e:
             # What the store checked before a corrupt block: the caller may use it, the
             # cache keeps nothing of this chunk.
             intact = bytes(data[:e.filled]) if isinstance(e, CorruptRangeRead) else b""
             del data
-            self._buffers.retire(buffer)
+            if buffer is not None:
+                self._buffers.retire(buffer, 0)
             if isinstance(e, CorruptRangeRead):
                 raise CorruptChunk(index, intact, e.error) from e.error
             raise
         finally:
             self._reserved_bytes -= reserved
         self._metrics.loaded(segment.topic_id_partition.topic, len(data))
-        if not self._closed:
-            self._insert((segment.segment_id.id, index), data, prefetched=reserved > 0)
+        key = (segment.segment_id.id, index)
+        for claim in self._claims.pop(key, ()):  # leased before any reader resumes
+            self._buffers.acquire(buffer, response=False)
+            claim.buffer = buffer
+        if self._closed:
+            self._buffers.retire(buffer, len(data))
+        else:
+            self._insert(key, data, prefetched=reserved > 0)
         return data
 
     def _insert(self, key: ChunkKey, data: memoryview, *, prefetched: bool) -> None:
@@ -233,18 +333,14 @@ class ChunkCache:
                 self._drop(area, key)
         if prefetched:
             # Its reservation was just released: the room is there, read chunks aside.
-            while self.total_bytes + size > self.max_bytes and self._read:
-                self._evict_oldest(self._read)
-        else:
-            if self._reserved_bytes + size > self.max_bytes:
-                self._publish_size()
-                self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
-                return  # cannot fit beside the prefetches in flight: served, not kept
-            while self.total_bytes + size > self.max_bytes:
-                self._evict_oldest(self._prefetched if self._prefetched else self._read)
+            self._make_room(size, (self._read,))
+        elif self._reserved_bytes + size <= self.max_bytes:
+            self._make_room(size, (self._prefetched, self._read))
         if self.total_bytes + size > self.max_bytes:
+            # No room beside the prefetches in flight and the chunks responses hold:
+            # served, not kept.
             self._publish_size()
-            self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
+            self._buffers.retire(data.obj, size)  # type: ignore[arg-type]  # a view of a pool mmap
             return
         if prefetched:
             self._prefetched[key] = data
@@ -254,10 +350,17 @@ class ChunkCache:
             self._read_bytes += size
         self._publish_size()
 
-    def _evict_oldest(self, area: collections.OrderedDict[ChunkKey, memoryview]) -> None:
-        key = next(iter(area))
-        self._drop(area, key)
-        self._metrics.evicted()
+    def _make_room(self, size: int, areas: tuple[collections.OrderedDict[ChunkKey, memoryview], ...]) -> bool:
+        """Evict the oldest chunks of `areas`, in that order, that no response holds (evicting
+        a held one frees nothing) until `size` more bytes fit; whether they do."""
+        leased = self._buffers.leased
+        for area in areas:
+            for key in [key for key, data in area.items() if not leased(data.obj)]:
+                if self.total_bytes + size <= self.max_bytes:
+                    return True
+                self._drop(area, key)
+                self._metrics.evicted()
+        return self.total_bytes + size <= self.max_bytes
 
     def _drop(self, area: collections.OrderedDict[ChunkKey, memoryview], key: ChunkKey) -> None:
         data = area.pop(key)
@@ -265,7 +368,7 @@ class ChunkCache:
             self._read_bytes -= len(data)
         else:
             self._prefetched_bytes -= len(data)
-        self._buffers.retire(data.obj)  # type: ignore[arg-type]  # a view of a pool mmap
+        self._buffers.retire(data.obj, len(data))  # type: ignore[arg-type]  # a view of a pool mmap
 
     def _publish_size(self) -> None:
         self._metrics.size(self.total_bytes, len(self))

@@ -12,11 +12,14 @@ The connection behaves like a broker's channel:
   is ready, so nothing the client sent later reaches the broker before the filters'
   own requests do. Requests passed through are pipelined (the broker orders them itself).
   Responses go back in request order (``ResponseOrderer``).
-- Backpressure: the proxy stops reading a client while a request waits to be
+- Backpressure: responses go out as fast as the client's socket takes them, never
+  copied (``PacedWriter``). The proxy stops reading a client while a request waits to be
   dispatched, while more than ``max.pending.response.bytes.per.connection`` of
   responses are unsent to it, while ``max.in.flight.requests.per.connection``
   requests are unanswered, or while the broker is not reading. A client that does
-  not read its responses therefore holds at most one response beyond that bound.
+  not read its responses therefore holds at most one response beyond that bound; the
+  remote chunks its responses send from stay leased (``cache.chunk_buffers``) until
+  they are written or the connection closes, within the chunk cache's bound.
 - Limits: the frame bound and the requests allowed are the authentication gate's
   (``socket.request.max.bytes``; before a SASL login ``sasl.server.max.receive.size``
   whenever the listener may want one, see ``proxy.authentication``),
@@ -57,7 +60,8 @@ from .authentication import ResponseObserver, UnauthenticatedRequest, UpstreamLi
 from .filters import ClientRequest, ConnectionContext, Filter, InvalidRequest, ProxyServices, Response, run_chain
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
-from .pinned import socket_room, unpinned
+from .paced import PacedWriter, Releasable
+from tierproxy.cache.chunk_buffers import ChunkLeases, response_leases
 from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
 
 if TYPE_CHECKING:
@@ -193,7 +197,7 @@ class ClientConnection(asyncio.Protocol):
         self._gate = server.upstream.gate()
         self._decoder = FrameDecoder(self._gate.max_frame_bytes)
         self._client: asyncio.Transport | None = None
-        self._socket: socket.socket | None = None  # the client's, to ask its send buffer for room
+        self._writer: PacedWriter | None = None
         self._upstream: _Upstream | None = None
         self._orderer = ResponseOrderer(self._write_client)
         self._in_flight: collections.deque[_InFlight] = collections.deque()
@@ -215,8 +219,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         client = self._client = cast(asyncio.Transport, transport)  # a stream connection's
-        self._socket = transport.get_extra_info("socket")
-        _tune(client, self._max_pending_response_bytes)
+        _tune(client)
+        self._writer = PacedWriter(client, self._max_pending_response_bytes, self._client_fell_behind,
+                                   self._client_caught_up)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.ip = peer[0] if isinstance(peer, tuple) else str(peer)
@@ -290,16 +295,26 @@ class ClientConnection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._writer is not None:
+            self._writer.connection_lost()
         self.close(f"client connection lost ({exc})" if exc else None, level=logging.INFO)
 
     def pause_writing(self) -> None:
+        if self._writer is not None:
+            self._writer.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._writer is not None:
+            self._writer.resume_writing()
+
+    def _client_fell_behind(self) -> None:
         # The client is not reading: neither its requests nor its broker's responses are.
         self._client_behind = True
         self.block_client_reads("responses unsent")
         if self._upstream is not None and self._upstream.transport is not None:
             self._upstream.transport.pause_reading()
 
-    def resume_writing(self) -> None:
+    def _client_caught_up(self) -> None:
         self._client_behind = False
         if self._closed:
             return
@@ -383,9 +398,14 @@ class ClientConnection(asyncio.Protocol):
     async def _filter(self, chain: tuple[Filter, ...], header: RequestHeader, body: memoryview,
                       slot: ResponseSlot) -> None:
         assert self.ctx is not None, "requests are handled only once the broker connection exists"
+        # Every remote chunk read for this response is leased to it until it is written.
+        leases = ChunkLeases()
+        response_leases(leases)
+        answered = False
         try:
             response = await run_chain(chain, self.ctx, ClientRequest(header, body))
             parts = self._response_frame(header, response)
+            answered = not self._closed
         except UpstreamClosed:
             return  # the connection is closing; its log line says why
         except InvalidRequest as e:
@@ -398,10 +418,13 @@ class ClientConnection(asyncio.Protocol):
                           self.listener, names, api_name(header.api_key), header.api_version, header.correlation_id)
             self.close(f"{names} failed: {type(e).__name__}: {e}", level=logging.ERROR)
             return
-        if self._closed:
+        finally:
+            if not answered:  # no response goes out (a cancelled task's included)
+                leases.release()
+        if not answered:
             return
         self._handling = False
-        self._orderer.complete(slot, parts)
+        self._orderer.complete(slot, parts, leases)
         self._dispatch_waiting()
 
     @staticmethod
@@ -480,17 +503,16 @@ class ClientConnection(asyncio.Protocol):
             return
         future.set_result(body[offset:])
 
-    def _write_client(self, parts: Sequence[Buffer]) -> None:
-        client = self._client
-        if client is None or self._closed:
+    def _write_client(self, parts: Sequence[Buffer], leases: Releasable | None) -> None:
+        writer = self._writer
+        if writer is None or self._closed:
+            if leases is not None:
+                leases.release()
             return
         self._last_activity = time.monotonic()
         size = sum(len(part) for part in parts)  # type: ignore[arg-type, misc]  # byte buffers: len is the size
         self._metrics.client_bytes_out.inc(size)
-        if len(parts) > 2 and (client.get_write_buffer_size() or socket_room(self._socket) < size):
-            # Queued unsent, slices would keep whole remote chunks alive until sent.
-            parts = unpinned(parts)
-        client.writelines(parts)  # type: ignore[arg-type]  # transports take any byte buffer; typeshed names only bytes, bytearray, memoryview
+        writer.write(parts, leases)
         if self._waiting and len(self._orderer) < self._max_in_flight:
             asyncio.get_running_loop().call_soon(self._dispatch_waiting)
 
@@ -529,6 +551,9 @@ class ClientConnection(asyncio.Protocol):
         self._early = None
         self.ctx = None
         self._orderer.clear()
+        graceful = flush or level <= logging.INFO
+        if self._writer is not None:
+            self._writer.close(flush=graceful)
         error = UpstreamClosed(reason or "client closed the connection")
         while self._in_flight:
             future = self._in_flight.popleft().future
@@ -543,7 +568,7 @@ class ClientConnection(asyncio.Protocol):
             if self._upstream.transport is not None:
                 self._upstream.transport.close()
         if self._client is not None:
-            if flush or level <= logging.INFO:
+            if graceful:
                 self._client.close()
             else:
                 self._client.abort()

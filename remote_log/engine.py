@@ -98,6 +98,7 @@ class RemoteReadEngine:
 
     async def start(self) -> None:
         await self.index_cache.start()
+        await self.chunk_cache.start()
 
     async def close(self) -> None:
         await self.pool.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 
+from tierproxy.cache.chunk_cache import ChunkCacheFull
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     EncryptionKeyNotFound,
@@ -32,7 +33,7 @@ class ReaderQueueFull(RemoteStorageError):
 class Cause(enum.Enum):
     """Why a remote read failed; the value is the metrics' label value."""
 
-    QUEUE_FULL = "queue_full"  # the reader pool refused the read: the proxy is overloaded
+    QUEUE_FULL = "queue_full"  # the reader pool, or the chunk cache full of held chunks, refused the read: the proxy is overloaded
     STORE_UNAVAILABLE = "store_unavailable"  # the store timed out, was unreachable, throttled, refused or failed
     NOT_FOUND = "not_found"  # metadata points at an object the store does not have
     CORRUPT = "corrupt"  # size, CRC-32C or AES-GCM check failed: never served
@@ -46,6 +47,7 @@ class Cause(enum.Enum):
 # The first kind an error is gives its cause: subclasses before their bases.
 _CAUSES: tuple[tuple[type[BaseException], Cause], ...] = (
     (ReaderQueueFull, Cause.QUEUE_FULL),
+    (ChunkCacheFull, Cause.QUEUE_FULL),
     (MetadataNotReady, Cause.METADATA_NOT_READY),
     (UnencryptedSegment, Cause.UNENCRYPTED),
     (CorruptRemoteSegment, Cause.CORRUPT),

@@ -33,11 +33,15 @@ A remote fetch of (partition, fetch offset, max bytes):
 
 Records come back as memoryview slices of cached chunks (a batch cut by a chunk
 boundary as the slices of both, `protocol.records.log_batches_async`), to be written
-with `writelines`: nothing is copied.
+with `writelines`: nothing is copied. The chunks are leased to the response being made
+(`cache.chunk_buffers`), which gives them back once written. A reader outside a response
+(`batches`, a Spark task's) holds the chunks of the batch it was given until it asks for
+the next one.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import logging
@@ -48,6 +52,7 @@ from typing import NamedTuple
 
 from cachetools import LRUCache
 
+from tierproxy.cache.chunk_buffers import ChunkLeases, current_leases
 from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
 from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.errors import DecodeError
@@ -371,6 +376,9 @@ class RemoteLogReader:
         blocks_checked = await self._store_checks_blocks(segment)
         cache = self.chunk_cache
         first = position // cache.chunk_size
+        # Outside a response, the chunks of the batches not yet passed over are held here.
+        window = ChunkLeases(response=False) if current_leases() is None else None
+        held: collections.deque[tuple[int, memoryview]] = collections.deque()
 
         def from_position(chunk: bytes | memoryview, index: int) -> bytes | memoryview:
             return memoryview(chunk)[position - index * cache.chunk_size:] if index == first else chunk
@@ -380,7 +388,7 @@ class RemoteLogReader:
                 if read_ahead:  # before waiting on a miss: the next chunks load alongside this one
                     cache.prefetch(segment, index + 1, self.read_ahead.chunks(cache.chunk_size))
                 try:
-                    chunk = await cache.get(segment, index, read_ahead=False)
+                    chunk = await cache.get(segment, index, read_ahead=False, leases=window)
                 except CorruptChunk as e:
                     # The checked bytes in front of the corrupt block still give their whole
                     # batches; the read stops at the block with the store's own error.
@@ -388,21 +396,30 @@ class RemoteLogReader:
                     if len(intact):
                         yield intact
                     raise e.error from None
+                if window is not None:
+                    held.append((index, chunk))
                 yield from_position(chunk, index)
 
-        async with contextlib.aclosing(chunks()) as pieces, contextlib.aclosing(
-                log_batches_async(pieces, position=position, end=segment.segment_size_in_bytes)) as batches:
-            async for batch in batches:
-                header = batch.header
-                if header.last_offset > segment.end_offset:
-                    return  # past a truncated segment's end: never served
-                if header.last_offset < from_offset:
-                    continue
-                if not blocks_checked and not batch.crc_valid():
-                    raise CorruptRemoteSegment(
-                        f"segment {segment.segment_id.id} of {segment.topic_id_partition}: batch at offset "
-                        f"{header.base_offset} fails its CRC-32C check")
-                yield batch
+        try:
+            async with contextlib.aclosing(chunks()) as pieces, contextlib.aclosing(
+                    log_batches_async(pieces, position=position, end=segment.segment_size_in_bytes)) as batches:
+                async for batch in batches:
+                    if window is not None:  # the batches before this one are done with
+                        while held and (held[0][0] + 1) * cache.chunk_size <= batch.position:
+                            window.release_one(held.popleft()[1].obj)  # type: ignore[arg-type]
+                    header = batch.header
+                    if header.last_offset > segment.end_offset:
+                        return  # past a truncated segment's end: never served
+                    if header.last_offset < from_offset:
+                        continue
+                    if not blocks_checked and not batch.crc_valid():
+                        raise CorruptRemoteSegment(
+                            f"segment {segment.segment_id.id} of {segment.topic_id_partition}: batch at offset "
+                            f"{header.base_offset} fails its CRC-32C check")
+                    yield batch
+        finally:
+            if window is not None:
+                window.release()
 
     async def _store_checks_blocks(self, segment: RemoteLogSegmentMetadata) -> bool:
         checked = self._blocks_checked.get(segment.segment_id.id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -60,9 +61,8 @@ class RemoteLogReaderPool:
         self.max_pending_tasks = max_pending_tasks
         self.metrics = metrics if metrics is not None else RemoteMetrics()
         self._running = 0
-        self._pending: collections.deque[tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome]]] = (
-            collections.deque()
-        )
+        self._pending: collections.deque[tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome],
+                                               contextvars.Context]] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: len(self._pending))
@@ -95,11 +95,14 @@ class RemoteLogReaderPool:
         if self._closed:
             raise RuntimeError("remote log reader pool is closed")
         future: asyncio.Future[ReadOutcome[T]] = asyncio.get_running_loop().create_future()
+        # The read runs in the submitter's context, whenever it starts: what it reads is
+        # leased to the submitter's response (cache.chunk_buffers.current_leases).
+        context = contextvars.copy_context()
         if self._running < self.threads:
-            self._launch(read, future)
+            self._launch(read, future, context)
         elif len(self._pending) < self.max_pending_tasks:
             self._account()
-            entry = (read, future)
+            entry = (read, future, context)
             self._pending.append(entry)
             future.add_done_callback(lambda _f: self._unqueue(entry))
         else:
@@ -163,7 +166,7 @@ class RemoteLogReaderPool:
         if self._ticker is not None:
             self._ticker.cancel()
         while self._pending:
-            _, future = self._pending.popleft()
+            _, future, _ = self._pending.popleft()
             future.cancel()
         tasks = list(self._tasks)
         for task in tasks:
@@ -172,13 +175,14 @@ class RemoteLogReaderPool:
 
     # ------------------------------------------------------------------ internals
 
-    def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
+    def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome],
+                context: contextvars.Context) -> None:
         self._account()
         self._running += 1
         loop = asyncio.get_running_loop()
         if self._ticker is None:
             self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
-        task = loop.create_task(self._run(read, future))
+        task = loop.create_task(self._run(read, future), context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -203,9 +207,9 @@ class RemoteLogReaderPool:
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
             self._account()
-            read, future = self._pending.popleft()
+            read, future, context = self._pending.popleft()
             if not future.done():
-                self._launch(read, future)
+                self._launch(read, future, context)
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""
@@ -216,7 +220,8 @@ class RemoteLogReaderPool:
                 self._pending.remove(entry)
                 return
 
-    def _unqueue(self, entry: tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome]]) -> None:
+    def _unqueue(self, entry: tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome],
+                                    contextvars.Context]) -> None:
         # A waiting read given up by its fetch frees its place in the queue at once.
         self._account()
         try:

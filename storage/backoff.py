@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from tierproxy.config import Settings, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MAX_MS, REMOTE_LOG_MANAGER_TASK_RETRY_BACKOFF_MS, REMOTE_LOG_MANAGER_TASK_RETRY_JITTER
 
-__all__ = ("ExponentialBackoff", "read_deadline", "retry_fits")
+__all__ = ("ExponentialBackoff", "read_deadline", "read_time_left", "retry_fits")
 
 # When the fetch waiting for a remote read gives up (remote.fetch.max.wait.ms): a store
 # retry that would end later is not made, so the read fails while the fetch can still
@@ -36,6 +36,12 @@ def read_deadline(seconds: float | None) -> Iterator[None]:
         yield
     finally:
         _READ_DEADLINE.reset(token)
+
+
+def read_time_left() -> float | None:
+    """Seconds left of the current read deadline (None: no deadline)."""
+    deadline = _READ_DEADLINE.get()
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def retry_fits(delay_s: float) -> bool:

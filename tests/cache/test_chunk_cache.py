@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
+from tierproxy.cache.chunk_buffers import ChunkBuffers, ChunkLeases, response_leases
+from tierproxy.cache.chunk_cache import ChunkCache, ChunkCacheFull, CorruptChunk
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.storage.errors import CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.manifest import BLOCK_BYTES
@@ -189,36 +191,162 @@ async def test_invalidate_drops_a_segments_chunks(tmp_path: Path) -> None:
         await cache.close()
 
 
-async def test_evicted_chunks_buffers_are_reused_only_once_no_reader_views_them(tmp_path: Path) -> None:
+async def test_a_leased_chunk_is_not_read_into_again_until_its_lease_is_given_back(tmp_path: Path) -> None:
     """A chunk is read into the buffer of an evicted one (no fresh memory per load), but
-    never into one whose bytes a reader still holds: those bytes stay what they were."""
+    never into one a response still holds: those bytes stay what they were; the held
+    chunk counts against the bound until the response gives its lease back."""
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
         segment = partition.segments[0]
         log = partition.log_of(0)
-        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
-        held = (await cache.get(segment, 0))[:100]  # a reader's slice, as a response keeps one
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=3 * CHUNK, read_ahead_chunks=0)
+        response = ChunkLeases()
+        held = (await cache.get(segment, 0, leases=response))[:100]  # a response's slice
+        cache.invalidate(segment.segment_id.id)  # out of the cache, still held
+        assert cache.held_bytes == CHUNK and cache.total_bytes == CHUNK
         for index in range(1, cache.chunk_count(segment)):
             chunk = await cache.get(segment, index)
             assert bytes(chunk) == log[index * CHUNK:(index + 1) * CHUNK]
+            assert cache.total_bytes <= cache.max_bytes
         assert bytes(held) == log[:100]  # its buffer was never read into again
         assert cache._buffers.reused > 0
+        response.release()
+        assert cache.held_bytes == 0
+        assert cache.total_bytes == cache.stored_bytes
         await cache.close()
 
 
-def test_a_buffer_is_handed_out_again_only_without_views() -> None:
-    from tierproxy.cache.chunk_buffers import ChunkBuffers
+async def test_a_hit_is_leased_before_its_read_ahead_makes_room(tmp_path: Path) -> None:
+    """The read-ahead a hit starts evicts to make room: never the chunk just handed out."""
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
+        log = partition.log_of(0)
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=1)
+        other = ChunkLeases()
+        await cache.get(segment, 0, leases=other, read_ahead=False)
+        await cache.get(segment, 1, read_ahead=False)
+        response = ChunkLeases()
+        held = await cache.get(segment, 1, leases=response)  # a hit; the read-ahead of 2 wants room
+        await _wait_idle(cache)
+        assert bytes(held) == log[CHUNK:2 * CHUNK]
+        response.release()
+        other.release()
+        await cache.close()
 
-    buffers = ChunkBuffers(16, keep=2)
+
+async def _bound_full_of_held_chunks(tmp_path: Path, rsm: Any, rlmm: Any) -> tuple[Any, Any, ChunkCache, ChunkLeases]:
+    """A cache of two chunks, both held by a response whose client stopped reading."""
+    partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+    segment = partition.segments[0]
+    cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+    stuck = ChunkLeases()
+    await cache.get(segment, 0, leases=stuck)
+    await cache.get(segment, 1, leases=stuck)
+    return partition, segment, cache, stuck
+
+
+async def test_chunks_responses_hold_count_against_the_bound(tmp_path: Path) -> None:
+    """A client that stops reading holds its responses' chunks: once they fill the bound a
+    new remote read fails, retriable, for that read only; a chunk still cached is served."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
+        with pytest.raises(ChunkCacheFull) as failed:
+            await cache.get(segment, 2, leases=ChunkLeases())
+        assert failed.value.retriable
+        assert bytes(await cache.get(segment, 1, leases=ChunkLeases())) == partition.log_of(0)[CHUNK:2 * CHUNK]
+        assert cache.total_bytes <= cache.max_bytes
+        stuck.release()  # written, or the connection closed
+        other = ChunkLeases()
+        assert bytes(await cache.get(segment, 2, leases=other)) == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        other.release()
+        await cache.close()
+
+
+async def test_a_read_with_a_deadline_waits_for_held_chunks_to_be_given_back(tmp_path: Path) -> None:
+    """Within its fetch's wait a read waits for room instead of failing; past it, it fails."""
+    from tierproxy.storage.backoff import read_deadline
+
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
+        with read_deadline(0.05), pytest.raises(ChunkCacheFull):
+            await cache.get(segment, 2, leases=ChunkLeases())
+
+        async def read_within_the_wait() -> bytes:
+            with read_deadline(30):
+                return bytes(await cache.get(segment, 2, leases=ChunkLeases()))
+
+        waiting = asyncio.create_task(read_within_the_wait())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        stuck.release()  # the slow client's responses went out
+        assert await waiting == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        await cache.close()
+
+
+async def test_a_response_leases_what_it_reads_in_its_context(tmp_path: Path) -> None:
+    """The response being made in a task holds every chunk read in it, without passing its
+    leases down; other tasks' reads are not its."""
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=0)
+        response = ChunkLeases()
+
+        async def respond() -> None:
+            response_leases(response)
+            await cache.get(segment, 0)
+            await cache.get(segment, 1)
+
+        await asyncio.create_task(respond())
+        await cache.get(segment, 2)
+        assert len(response) == 2
+        assert [cache._buffers.leased(cache._read[(segment.segment_id.id, i)].obj) for i in range(3)] == [
+            True, True, False]
+        response.release()
+        assert not any(cache._buffers.leased(chunk.obj) for chunk in cache._read.values())
+        await cache.close()
+
+
+async def test_the_pool_is_mapped_at_start_and_a_cold_read_maps_nothing(tmp_path: Path) -> None:
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=4 * CHUNK, read_ahead_chunks=1)
+        await cache.start()
+        assert len(cache._buffers) == 4
+        for index in range(cache.chunk_count(segment)):
+            await cache.get(segment, index)
+            await _wait_idle(cache)
+        assert cache._buffers.allocated_on_demand == 0
+        await cache.close()
+
+
+async def test_a_load_finding_no_free_buffer_maps_one_off_the_event_loop(tmp_path: Path) -> None:
+    import threading
+
+    async with one_segment(tmp_path, batches=30) as (rsm, partition, segment, counting):
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=4 * CHUNK, read_ahead_chunks=0)  # not started
+        mapped_in = []
+        map_one = cache._buffers.map_one
+
+        def recording() -> Any:
+            mapped_in.append(threading.current_thread())
+            return map_one()
+
+        cache._buffers.map_one = recording  # type: ignore[method-assign]
+        assert bytes(await cache.get(segment, 0)) == partition.log_of(0)[:CHUNK]
+        assert mapped_in and threading.main_thread() not in mapped_in
+        await cache.close()
+
+
+def test_a_buffer_goes_back_to_the_pool_only_when_its_last_lease_is_released() -> None:
+    buffers = ChunkBuffers(16, count=2)
+    buffers.fill()
+    assert len(buffers) == 2
     first = buffers.take()
-    first_id = id(first)
-    view = memoryview(first)[2:4]  # what a response waiting to be written holds
-    buffers.retire(first)
-    del first
-    second = buffers.take()
-    assert id(second) != first_id  # a view of the first is alive: a new buffer
-    buffers.retire(second)
-    del second
-    del view
-    assert id(buffers.take()) == first_id
-    assert buffers.reused == 1
+    one, two = ChunkLeases(), ChunkLeases()
+    one.hold(buffers, first)
+    one.hold(buffers, first)  # a lease per holder, however many slices it takes
+    two.hold(buffers, first)
+    buffers.retire(first, 10)  # the chunk left the cache
+    assert buffers.held_bytes == 10 and len(buffers) == 1
+    one.release()
+    assert buffers.held_bytes == 10 and len(buffers) == 1
+    two.release()
+    assert buffers.held_bytes == 0 and len(buffers) == 2
+    assert not two.hold(buffers, buffers.take())  # released holders hold nothing more

@@ -30,7 +30,7 @@ RUNNERS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asynci
 
 def test_orderer_holds_younger_responses_until_older_ones_went_out():
     written: list[Any] = []
-    orderer = ResponseOrderer(written.append)
+    orderer = ResponseOrderer(lambda parts, leases: written.append(parts))
     first, second, third = (orderer.reserve(0, i) for i in (1, 2, 3))
     orderer.complete(third, ["c"])
     orderer.complete(second, ["b"])

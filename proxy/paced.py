@@ -1,0 +1,216 @@
+"""Responses written to a client as fast as its socket takes them, never copied.
+
+A response is a list of buffers: remote records as memoryview slices of the chunk cache's
+chunks, the broker's partitions as slices of its frames. Handing a whole multi-MiB
+response to the transport would leave what the socket cannot take at once queued in the
+transport: asyncio's selector transport (Python < 3.12) copies it into a bytearray of its
+own, and uvloop keeps the slices and with them whole chunks. So the writer keeps the
+responses itself, in order, and hands the transport only what the socket's send buffer
+has room for now (`socket_room`), cutting a slice where the room ends (a memoryview of
+the same memory); the transport's write buffer limits are (nearly) 0, so it pauses the
+writer as soon as it holds anything unsent and resumes it once that went out, and the
+writer goes on from there. A slice is never joined with others into new memory.
+
+A response may come with leases on the chunks it sends from (`Releasable`): they are
+given back once the transport has nothing of the response left unsent, or when the
+connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fcntl
+import socket
+import struct
+import sys
+import termios
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "socket_room")
+
+MIN_PIECE = 64 * 1024
+"""Bytes handed to a transport whose socket seems full, or whose room cannot be known: the
+transport queues them and says when they went out."""
+
+_UNSIGNED = struct.Struct("I")
+
+
+def socket_room(sock: socket.socket | None) -> int:
+    """Bytes the socket's send buffer takes now without blocking, by a conservative
+    reckoning (half its size, as the kernel counts overhead against it, less what is
+    queued unsent); 0 when the platform cannot tell."""
+    if sock is None:
+        return 0
+    try:
+        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        queued = _UNSIGNED.unpack(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * _UNSIGNED.size))[0]
+    except (OSError, AttributeError, ValueError):
+        return 0
+    return max(size // 2 - queued, 0)
+
+
+class Releasable(Protocol):
+    def release(self) -> None: ...
+
+
+class _Response:
+    __slots__ = ("parts", "index", "offset", "leases")
+
+    def __init__(self, parts: Sequence[Buffer], leases: Releasable | None) -> None:
+        self.parts = parts
+        self.index = 0  # the part to write next
+        self.offset = 0  # bytes of it already handed over
+        self.leases = leases
+
+
+class PacedWriter:
+    """Writes whole responses, in the order given, to `transport` as its socket takes them.
+
+    `on_behind` is called when more than `high_water` bytes are unsent (held here or in the
+    transport), `on_caught_up` when that fell to `high_water // 4` again: the connection's
+    `max.pending.response.bytes.per.connection`.
+    """
+
+    def __init__(self, transport: asyncio.WriteTransport, high_water: int, on_behind: Callable[[], None],
+                 on_caught_up: Callable[[], None]) -> None:
+        self._transport = transport
+        self._socket: socket.socket | None = transport.get_extra_info("socket")
+        # The base class's writelines joins the buffers; uvloop's and 3.12's selector's do not.
+        self._writes_lines = type(transport).writelines is not asyncio.WriteTransport.writelines
+        self._high_water = high_water
+        self._low_water = high_water // 4
+        self._on_behind = on_behind
+        self._on_caught_up = on_caught_up
+        self._queue: collections.deque[_Response] = collections.deque()
+        self._queued_bytes = 0  # not handed to the transport yet
+        self._handed: list[Releasable] = []  # leases of responses the transport still sends
+        self._paused = False  # the transport holds unsent bytes
+        self._behind = False
+        self._closed = False
+        # Paused as soon as it holds anything unsent, resumed once it holds nothing: TLS
+        # transports pause at `size >= high`, the others at `size > high`, so 1, not 0.
+        transport.set_write_buffer_limits(high=1, low=0)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of responses not sent yet: held here or queued in the transport."""
+        return self._queued_bytes + self._transport.get_write_buffer_size()
+
+    def write(self, parts: Sequence[Buffer], leases: Releasable | None = None) -> None:
+        """Queue one whole response behind the others and write what the socket takes."""
+        if self._closed or not parts:
+            if leases is not None:
+                leases.release()
+            return
+        self._queue.append(_Response(parts, leases))
+        self._queued_bytes += sum(len(part) for part in parts)  # type: ignore[arg-type]
+        self._pump()
+
+    def pause_writing(self) -> None:
+        """The transport's pause_writing: it holds unsent bytes."""
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        """The transport's resume_writing: it sent everything it held."""
+        self._paused = False
+        self._release_handed()
+        self._pump()
+
+    def close(self, flush: bool) -> None:
+        """The connection closes. With `flush` (the transport is closed, not aborted) what
+        was not written yet is handed over at once, for the transport to send before it
+        closes, and the leases go back once it did (`resume_writing`) or the connection is
+        lost (`connection_lost`); without, they go back now."""
+        self._closed = True
+        transport = self._transport
+        if flush and not transport.is_closing():
+            while self._queue:
+                pieces = self._pieces(sys.maxsize)
+                if self._writes_lines:
+                    transport.writelines(pieces)
+                else:
+                    for piece in pieces:
+                        transport.write(piece)
+            self._release_written()
+        else:
+            self.connection_lost()
+
+    def connection_lost(self) -> None:
+        """Nothing more is sent: every lease goes back."""
+        self._closed = True
+        self._release_handed()
+        while self._queue:
+            leases = self._queue.popleft().leases
+            if leases is not None:
+                leases.release()
+        self._queued_bytes = 0
+
+    def _pump(self) -> None:
+        queue = self._queue
+        transport = self._transport
+        while queue and not self._paused and not self._closed and not transport.is_closing():
+            room = max(socket_room(self._socket) - transport.get_write_buffer_size(), MIN_PIECE)
+            if self._writes_lines:
+                transport.writelines(self._pieces(room))
+            else:  # one by one: the transport may pause the writer after any of them
+                while room > 0 and queue and not self._paused:
+                    (piece,) = self._pieces(room, 1)
+                    transport.write(piece)
+                    room -= len(piece)  # type: ignore[arg-type]
+            self._release_written()
+        self._check_behind()
+
+    def _pieces(self, room: int, most: int = -1) -> list[Buffer]:
+        """Up to `room` bytes (in at most `most` pieces) from the head of the queue, as the
+        parts themselves or slices of them."""
+        pieces: list[Buffer] = []
+        queue = self._queue
+        while queue and room > 0 and len(pieces) != most:
+            response = queue[0]
+            parts = response.parts
+            part = parts[response.index]
+            size = len(part) - response.offset  # type: ignore[arg-type]
+            if size <= room and not response.offset:
+                pieces.append(part)
+            else:
+                view = part if isinstance(part, memoryview) else memoryview(part)
+                size = min(size, room)
+                pieces.append(view[response.offset:response.offset + size])
+            room -= size
+            self._queued_bytes -= size
+            response.offset += size
+            if response.offset == len(part):  # type: ignore[arg-type]
+                response.index += 1
+                response.offset = 0
+                if response.index == len(parts):
+                    self._finish_head()
+        return pieces
+
+    def _finish_head(self) -> None:
+        """The head response is cut into pieces whole: its leases wait for the transport."""
+        leases = self._queue.popleft().leases
+        if leases is not None:
+            self._handed.append(leases)
+
+    def _release_written(self) -> None:
+        if self._handed and not self._transport.get_write_buffer_size():
+            self._release_handed()
+
+    def _release_handed(self) -> None:
+        handed, self._handed = self._handed, []
+        for leases in handed:
+            leases.release()
+
+    def _check_behind(self) -> None:
+        pending = self.pending_bytes
+        if not self._behind and pending > self._high_water:
+            self._behind = True
+            self._on_behind()
+        elif self._behind and pending <= self._low_water:
+            self._behind = False
+            self._on_caught_up()

@@ -1,0 +1,238 @@
+"""Responses written as the client's socket takes them, never copied (`proxy.paced`)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+import uvloop
+
+from tierproxy.proxy.paced import MIN_PIECE, PacedWriter, socket_room
+
+
+class Leases:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class SlowTransport(asyncio.WriteTransport):
+    """A transport whose socket takes `take` bytes at a time and reports, like asyncio's
+    and uvloop's, through the protocol's pause_writing / resume_writing. Its writelines is
+    its own (no join), as uvloop's is."""
+
+    def __init__(self, take: int) -> None:
+        super().__init__()
+        self.take = take
+        self.handed: list[Any] = []  # every object given to write / writelines
+        self.sent = bytearray()
+        self.unsent: list[memoryview] = []
+        self.protocol: Any = None
+        self.paused = False
+        self.limits: tuple[int, int] = (0, 0)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default  # no socket: the writer cannot ask it for room
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.limits = (high or 0, low or 0)
+
+    def get_write_buffer_size(self) -> int:
+        return sum(len(view) for view in self.unsent)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: Any) -> None:
+        self.handed.append(data)
+        self.unsent.append(memoryview(data))
+        if self.get_write_buffer_size() > self.limits[0] and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def writelines(self, list_of_data: Any) -> None:  # type: ignore[override]
+        for data in list_of_data:
+            self.write(data)
+
+    def drain_some(self) -> None:
+        """The socket takes `take` more bytes; the protocol hears once all went out."""
+        left = self.take
+        while self.unsent and left:
+            view = self.unsent[0]
+            n = min(left, len(view))
+            self.sent += view[:n]
+            left -= n
+            if n == len(view):
+                self.unsent.pop(0)
+            else:
+                self.unsent[0] = view[n:]
+        if not self.unsent and self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+
+class JoiningTransport(SlowTransport):
+    """writelines as asyncio's selector transport has it before Python 3.12: a join."""
+
+    writelines = asyncio.WriteTransport.writelines  # type: ignore[assignment]
+
+
+def _writer(transport: SlowTransport, high_water: int = 1 << 30) -> tuple[PacedWriter, list[str]]:
+    events: list[str] = []
+    writer = PacedWriter(transport, high_water, lambda: events.append("behind"), lambda: events.append("caught up"))
+    transport.protocol = writer
+    return writer, events
+
+
+def _of(piece: Any, originals: list[Any]) -> bool:
+    """Whether `piece` is one of the originals or a memoryview over one's own memory."""
+    if any(piece is original for original in originals):
+        return True
+    return isinstance(piece, memoryview) and any(
+        piece.obj is (original.obj if isinstance(original, memoryview) else original) for original in originals)
+
+
+@pytest.mark.parametrize("joins", [False, True], ids=["writelines", "write"])
+def test_every_byte_arrives_in_order_and_nothing_is_joined(joins: bool) -> None:
+    chunk = bytearray(range(256)) * 4096  # 1 MiB, as a remote chunk
+    frame = b"broker frame " * 20_000
+    first = [b"\x00\x00\x00\x10", memoryview(chunk)[10:300_000], memoryview(chunk)[300_000:900_000], b"tail"]
+    second = [memoryview(frame), memoryview(chunk)[5:70_000]]
+    transport = (JoiningTransport if joins else SlowTransport)(take=50_000)
+    writer, _ = _writer(transport)
+    one, two = Leases(), Leases()
+    writer.write(first, one)
+    writer.write(second, two)
+    assert transport.get_write_buffer_size() <= MIN_PIECE  # handed over only what it takes
+    rounds = 0
+    while transport.unsent:
+        transport.drain_some()
+        rounds += 1
+        assert transport.get_write_buffer_size() <= MIN_PIECE
+    expected = b"".join(bytes(part) for part in first + second)
+    assert bytes(transport.sent) == expected
+    assert rounds > len(expected) // MIN_PIECE // 2  # it went out paced, not at once
+    originals = [*first, *second]
+    assert all(_of(piece, originals) for piece in transport.handed)
+    assert not any(isinstance(piece, (bytes, bytearray)) and len(piece) > 4 for piece in transport.handed
+                   if not any(piece is original for original in originals))
+    assert one.released == 1 and two.released == 1
+    assert writer.pending_bytes == 0
+
+
+def test_leases_go_back_only_once_the_transport_sent_the_response() -> None:
+    chunk = bytes(300_000)
+    transport = SlowTransport(take=100_000)
+    writer, _ = _writer(transport)
+    leases = Leases()
+    writer.write([memoryview(chunk)[:250_000]], leases)
+    while transport.unsent:
+        assert leases.released == 0
+        transport.drain_some()
+    assert leases.released == 1
+
+
+def test_leases_go_back_when_the_connection_is_lost() -> None:
+    transport = SlowTransport(take=10)
+    writer, _ = _writer(transport)
+    written, waiting = Leases(), Leases()
+    writer.write([bytes(200_000)], written)
+    writer.write([bytes(200_000)], waiting)
+    assert written.released == waiting.released == 0
+    writer.connection_lost()
+    assert written.released == waiting.released == 1
+    late = Leases()
+    writer.write([b"x"], late)  # after the close: never sent, given back at once
+    assert late.released == 1
+
+
+def test_a_client_behind_by_more_than_the_bound_is_reported_until_it_caught_up() -> None:
+    transport = SlowTransport(take=100_000)
+    writer, events = _writer(transport, high_water=400_000)
+    writer.write([bytes(300_000)])
+    assert events == []
+    writer.write([bytes(300_000)])
+    assert events == ["behind"]
+    while transport.unsent:
+        transport.drain_some()
+    assert events == ["behind", "caught up"]
+
+
+def test_the_socket_says_how_much_it_takes_now() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        client.setblocking(False)
+        room = socket_room(client)
+        assert room > 0
+        # Fill it while nobody reads: the room shrinks to what is left.
+        try:
+            while True:
+                client.send(b"\0" * 65536)
+        except BlockingIOError:
+            pass
+        assert socket_room(client) < room
+        assert socket_room(None) == 0
+    finally:
+        for sock in (client, accepted, server):
+            sock.close()
+
+
+class _Sink(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.writer: PacedWriter | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.writer = PacedWriter(transport, 1 << 30, lambda: None, lambda: None)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.pause_writing()
+
+    def resume_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.resume_writing()
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_real_transport_sends_everything_in_order_to_a_slow_reader(run: Any) -> None:
+    """On a real socket of either loop: a reader that takes its time gets every byte in
+    order, and the transport never holds more than a piece of what was not sent yet."""
+    chunk = bytes(range(256)) * 40_000  # about 10 MB
+    parts = [memoryview(chunk)[i:i + 1_000_000] for i in range(0, len(chunk), 1_000_000)]
+
+    async def main() -> tuple[bytes, int]:
+        loop = asyncio.get_running_loop()
+        sink = _Sink()
+        server = await loop.create_server(lambda: sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while sink.writer is None:
+            await asyncio.sleep(0.001)
+        leases = Leases()
+        sink.writer.write(parts, leases)
+        received, most_buffered = bytearray(), 0
+        while len(received) < len(chunk):
+            received += await reader.read(65536)
+            most_buffered = max(most_buffered, sink.transport.get_write_buffer_size())
+            await asyncio.sleep(0)
+        for _ in range(100):
+            if leases.released:
+                break
+            await asyncio.sleep(0.01)
+        assert leases.released == 1
+        writer.close()
+        sink.transport.close()
+        server.close()
+        return bytes(received), most_buffered
+
+    received, most_buffered = run(main())
+    assert received == chunk
+    assert most_buffered < len(chunk) // 4

@@ -1,0 +1,106 @@
+"""A client that stops reading a large remote replay holds back bounded memory, and the
+proxy goes on serving other connections meanwhile.
+
+The client pipelines Fetches of the remote part and reads nothing. The proxy answers
+them until `max.pending.response.bytes.per.connection` are unsent, then stops reading
+it; the chunks those responses send from stay leased to them, counted against
+`remote.log.chunk.cache.size.bytes`, and go back when the connection closes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from tierproxy.cache.chunk_cache import ChunkCache
+from tierproxy.proxy.filters.fetch import FetchFilter
+from tierproxy.protocol.apis import ApiKey
+from tierproxy.protocol.codecs import encode_request
+from tierproxy.protocol.requests import fetch_request
+
+from testbed.raw import frame
+from tests.helpers.consume import consume_aiokafka, expected_keys, record_key
+from tests.helpers.fixtures import proxy_fixture, tiered_fixture
+from tests.helpers.proxy import ProxyThread
+from tests.helpers.tiered import Timed, TopicSpec
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+CHUNK = 64 * 1024
+BOUND = 24 * CHUNK
+PENDING = 256 * 1024
+FETCH_BYTES = 192 * 1024
+# About 4 MB per partition, nearly all of it remote: many times the chunk cache's bound.
+SPEC = TopicSpec(Timed(per_partition=4000, value_size=1000), partitions=1, fraction=0.95,
+                 segment_bytes=512 * 1024)
+
+tiered = tiered_fixture(SPEC)
+proxy = proxy_fixture(**{
+    "remote.log.chunk.size.bytes": CHUNK,
+    "remote.log.chunk.cache.size.bytes": BOUND,
+    "max.pending.response.bytes.per.connection": PENDING,
+})
+
+
+def _chunk_cache(proxy: ProxyThread) -> ChunkCache:
+    assert proxy.server is not None
+    (fetch,) = [f for f in proxy.server.services.filters.filters_of(ApiKey.FETCH) if isinstance(f, FetchFilter)]
+    return fetch.tier.engine.chunk_cache
+
+
+def _held(proxy: ProxyThread) -> tuple[int, int]:
+    """(bytes responses hold, bytes counted against the bound), read on the proxy's loop."""
+    cache = _chunk_cache(proxy)
+    return proxy.call(lambda: (cache._held_by_responses(), cache.total_bytes))
+
+
+async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are_served(proxy, tiered):
+    remote_end = tiered.boundary[0]
+    # Fetches of consecutive stretches of the remote part, sent at once, never read.
+    per_fetch = FETCH_BYTES // 1100
+    requests = b"".join(
+        frame(encode_request(fetch_request(tiered.topic, 0, offset, FETCH_BYTES), i + 1, "stuck"))
+        for i, offset in enumerate(range(0, remote_end, per_fetch)))
+    host, port = proxy.bootstrap_servers.rsplit(":", 1)
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect((host, int(port)))
+    try:
+        stuck.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 30
+        while sent < len(requests) and time.monotonic() < deadline:  # as much as the proxy reads
+            try:
+                sent += stuck.send(requests[sent:])
+            except BlockingIOError:
+                await asyncio.sleep(0.05)
+        # The proxy answered what it could and holds the chunks of the responses unsent.
+        await wait_until(lambda: _held(proxy)[0] > 0, 30, "the stuck client's responses hold chunks")
+        held, total = _held(proxy)
+        assert held <= BOUND and total <= BOUND + CHUNK
+
+        peaks = []
+
+        async def watch() -> None:
+            while True:
+                peaks.append(_held(proxy))
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            # Another client on another connection reads the whole topic meanwhile.
+            consumed = await consume_aiokafka(proxy.bootstrap_servers, tiered.topic, len(tiered.records),
+                                              isolation_level="read_uncommitted")
+        finally:
+            watcher.cancel()
+        assert [record_key(r) for r in sorted(consumed, key=lambda r: r.offset)] == expected_keys(tiered.records)
+        # One demand load in flight per connection may pass the bound by its chunk.
+        assert peaks and all(held <= BOUND and total <= BOUND + 2 * CHUNK for held, total in peaks), peaks
+        assert _held(proxy)[0] > 0  # the stuck client still holds its responses' chunks
+    finally:
+        stuck.close()
+    # Its connection closed: every lease went back.
+    await wait_until(lambda: _held(proxy)[0] == 0, 30, "its leases went back")
