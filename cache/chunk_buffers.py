@@ -115,10 +115,10 @@ class ChunkBuffers:
             self._give_back(buffer)
 
     def leased(self, buffer: object) -> bool:
-        return buffer in self._leases  # type: ignore[operator]
+        return buffer in self._leases
 
     def held_by_response(self, buffer: object) -> bool:
-        return buffer in self._responses  # type: ignore[operator]
+        return buffer in self._responses
 
     def _give_back(self, buffer: mmap.mmap) -> None:
         self._free.append(buffer)

@@ -512,7 +512,7 @@ class ClientConnection(asyncio.Protocol):
         self._last_activity = time.monotonic()
         size = sum(len(part) for part in parts)  # type: ignore[arg-type, misc]  # byte buffers: len is the size
         self._metrics.client_bytes_out.inc(size)
-        writer.write(parts, leases)
+        writer.write(parts, leases)  # type: ignore[arg-type]  # every response part is bytes or a memoryview
         if self._waiting and len(self._orderer) < self._max_in_flight:
             asyncio.get_running_loop().call_soon(self._dispatch_waiting)
 

@@ -26,12 +26,12 @@ import struct
 import sys
 import termios
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from typing_extensions import Buffer
+__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "WireBuffer", "socket_room")
 
-__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "socket_room")
+WireBuffer = bytes | bytearray | memoryview
+"""What a transport writes: a response's parts as they are."""
 
 MIN_PIECE = 64 * 1024
 """Bytes handed to a transport whose socket seems full, or whose room cannot be known: the
@@ -61,7 +61,7 @@ class Releasable(Protocol):
 class _Response:
     __slots__ = ("parts", "index", "offset", "leases")
 
-    def __init__(self, parts: Sequence[Buffer], leases: Releasable | None) -> None:
+    def __init__(self, parts: Sequence[WireBuffer], leases: Releasable | None) -> None:
         self.parts = parts
         self.index = 0  # the part to write next
         self.offset = 0  # bytes of it already handed over
@@ -101,14 +101,14 @@ class PacedWriter:
         """Bytes of responses not sent yet: held here or queued in the transport."""
         return self._queued_bytes + self._transport.get_write_buffer_size()
 
-    def write(self, parts: Sequence[Buffer], leases: Releasable | None = None) -> None:
+    def write(self, parts: Sequence[WireBuffer], leases: Releasable | None = None) -> None:
         """Queue one whole response behind the others and write what the socket takes."""
         if self._closed or not parts:
             if leases is not None:
                 leases.release()
             return
         self._queue.append(_Response(parts, leases))
-        self._queued_bytes += sum(len(part) for part in parts)  # type: ignore[arg-type]
+        self._queued_bytes += sum(len(part) for part in parts)
         self._pump()
 
     def pause_writing(self) -> None:
@@ -161,20 +161,20 @@ class PacedWriter:
                 while room > 0 and queue and not self._paused:
                     (piece,) = self._pieces(room, 1)
                     transport.write(piece)
-                    room -= len(piece)  # type: ignore[arg-type]
+                    room -= len(piece)
             self._release_written()
         self._check_behind()
 
-    def _pieces(self, room: int, most: int = -1) -> list[Buffer]:
+    def _pieces(self, room: int, most: int = -1) -> list[WireBuffer]:
         """Up to `room` bytes (in at most `most` pieces) from the head of the queue, as the
         parts themselves or slices of them."""
-        pieces: list[Buffer] = []
+        pieces: list[WireBuffer] = []
         queue = self._queue
         while queue and room > 0 and len(pieces) != most:
             response = queue[0]
             parts = response.parts
             part = parts[response.index]
-            size = len(part) - response.offset  # type: ignore[arg-type]
+            size = len(part) - response.offset
             if size <= room and not response.offset:
                 pieces.append(part)
             else:
@@ -184,7 +184,7 @@ class PacedWriter:
             room -= size
             self._queued_bytes -= size
             response.offset += size
-            if response.offset == len(part):  # type: ignore[arg-type]
+            if response.offset == len(part):
                 response.index += 1
                 response.offset = 0
                 if response.index == len(parts):
