@@ -373,6 +373,10 @@ def main() -> int:
             attack_s = time.monotonic() - started
             up = alive(proxy_info["bootstrap"])
             consumer.join(600)
+            # What the proxy said of failures, for a run whose side consumer saw an error.
+            log_lines = (tmp / "proxy" / "serve.log").read_text(errors="replace").splitlines()
+            proxy_errors = [line for line in log_lines if " ERROR " in line or "Traceback" in line
+                            or "unexpected" in line.lower()][-20:]
             fetching = args.non_readers + 4  # with the side consumer's and the check's own
             connections = fetching + 50 + args.floods + args.slow + args.slow // 4
             bound = memory_bound(base_kb, fetching, connections)
@@ -391,6 +395,8 @@ def main() -> int:
           f"+ caches + readers + {fetching} fetching of {connections} connections): {'within' if peak_kb * 1024 <= bound else 'OVER'}")
     print(f"side consumer: {side.get('records')} of {records} records, errors {side.get('errors')}: "
           f"{'ok' if consumer_ok else 'FAILED'}")
+    if not consumer_ok and proxy_errors:
+        print("the proxy's log of errors (last 20):\n" + "\n".join(proxy_errors))
     handled = all(ok == total for ok, total in counts.values())
     return 0 if up and consumer_ok and peak_kb * 1024 <= bound and handled else 1
 

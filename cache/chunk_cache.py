@@ -46,6 +46,7 @@ import contextlib
 import functools
 import mmap
 import uuid
+from collections.abc import Callable
 
 from tierproxy.storage.backoff import read_time_left
 from tierproxy.storage.errors import CorruptRangeRead, CorruptRemoteSegment, RemoteStorageError
@@ -117,6 +118,10 @@ class ChunkCache:
         # Set when a response gives a chunk back: demand loads waiting for room look again.
         self._released = asyncio.Event()
         self._buffers.on_release = self._released.set
+        #: Asked, when responses hold the whole bound, to have holders that are not being
+        #: written (stalled clients) give their chunks back; returns the bytes it copied.
+        #: The proxy sets it (paced.give_back_stalled); nothing else holds chunks that long.
+        self.on_full: Callable[[], int] = lambda: 0
         self._read_bytes = 0
         self._prefetched_bytes = 0
         self._reserved_bytes = 0
@@ -281,6 +286,8 @@ class ChunkCache:
             held = self._held_by_responses()
             if not held or held + size <= self.max_bytes:
                 return
+            if self.on_full():
+                continue  # leases given back: look again
             left = read_time_left()
             if left is not None and left > 0:
                 self._released.clear()

@@ -13,7 +13,14 @@ writer goes on from there. A slice is never joined with others into new memory.
 
 A response may come with leases on the chunks it sends from (`Releasable`): they are
 given back once the transport has nothing of the response left unsent, or when the
-connection closes.
+connection closes. A client that stops reading would keep them for good, and with them
+room in the chunk cache that other clients need. So what is handed to a transport whose
+socket is full is a copy (at most MIN_PIECE bytes: the transport keeps it until the
+client reads), and when the chunk cache finds its bound taken by chunks that responses
+hold, `give_back_stalled` has every stalled writer (its transport paused) copy the chunk
+slices it still queues and give their leases back: the copies are bounded by the
+connection's `max.pending.response.bytes.per.connection`, and a client that reads never
+has anything copied.
 """
 
 from __future__ import annotations
@@ -21,14 +28,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import mmap
 import socket
 import struct
 import sys
 import termios
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "WireBuffer", "socket_room")
+__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "WireBuffer", "give_back_stalled", "socket_room")
 
 WireBuffer = bytes | bytearray | memoryview
 """What a transport writes: a response's parts as they are."""
@@ -38,6 +47,20 @@ MIN_PIECE = 64 * 1024
 transport queues them and says when they went out."""
 
 _UNSIGNED = struct.Struct("I")
+
+# The writers of this process whose transport is paused (the client reads slower than
+# they write), for give_back_stalled.
+_stalled: weakref.WeakSet[PacedWriter] = weakref.WeakSet()
+
+
+def give_back_stalled() -> int:
+    """Every stalled writer copies the chunk slices it queues and gives their leases back
+    (see the module's docstring); the bytes copied."""
+    return sum(writer.copy_out() for writer in list(_stalled))
+
+
+def _views_a_chunk(part: WireBuffer) -> bool:
+    return isinstance(part, memoryview) and isinstance(part.obj, mmap.mmap)
 
 
 def socket_room(sock: socket.socket | None) -> int:
@@ -92,6 +115,7 @@ class PacedWriter:
         self._paused = False  # the transport holds unsent bytes
         self._behind = False
         self._closed = False
+        self._copy_handed = 0  # bytes of the copy last handed over, when the socket was full
         # Paused as soon as it holds anything unsent, resumed once it holds nothing: TLS
         # transports pause at `size >= high`, the others at `size > high`, so 1, not 0.
         transport.set_write_buffer_limits(high=1, low=0)
@@ -114,10 +138,12 @@ class PacedWriter:
     def pause_writing(self) -> None:
         """The transport's pause_writing: it holds unsent bytes."""
         self._paused = True
+        _stalled.add(self)
 
     def resume_writing(self) -> None:
         """The transport's resume_writing: it sent everything it held."""
         self._paused = False
+        _stalled.discard(self)
         self._release_handed()
         self._pump()
 
@@ -140,9 +166,37 @@ class PacedWriter:
         else:
             self.connection_lost()
 
+    def copy_out(self) -> int:
+        """The chunk slices not handed to the transport yet, copied, and the leases of the
+        queued responses given back; the leases of what the transport holds too, since
+        what it was handed beyond the socket's room was a copy (not over TLS, whose
+        transport may keep what it was handed before it encrypts it), once the transport
+        holds no more than that copy (the views handed before it went out whole). The bytes
+        copied."""
+        copied = 0
+        for response in self._queue:
+            if response.leases is None:
+                continue
+            parts = list(response.parts[response.index:])
+            if parts and response.offset:
+                parts[0] = memoryview(parts[0])[response.offset:]
+            for i, part in enumerate(parts):
+                if _views_a_chunk(part):
+                    parts[i] = bytes(part)
+                    copied += len(parts[i])
+            response.parts, response.index, response.offset = parts, 0, 0
+            response.leases.release()
+            response.leases = None
+        transport = self._transport
+        if (self._handed and transport.get_extra_info("sslcontext") is None
+                and transport.get_write_buffer_size() <= self._copy_handed):
+            self._release_handed()
+        return copied
+
     def connection_lost(self) -> None:
         """Nothing more is sent: every lease goes back."""
         self._closed = True
+        _stalled.discard(self)
         self._release_handed()
         while self._queue:
             leases = self._queue.popleft().leases
@@ -154,10 +208,20 @@ class PacedWriter:
         queue = self._queue
         transport = self._transport
         while queue and not self._paused and not self._closed and not transport.is_closing():
-            room = max(socket_room(self._socket) - transport.get_write_buffer_size(), MIN_PIECE)
-            if self._writes_lines:
+            if self._socket is None:  # its room cannot be known: a piece, as the socket's own
+                room = MIN_PIECE
+            else:
+                room = socket_room(self._socket) - transport.get_write_buffer_size()
+            if room <= 0:
+                # The transport keeps what the socket cannot take: a copy, not a chunk's view.
+                copy = b"".join(self._pieces(MIN_PIECE))
+                transport.write(copy)
+                self._copy_handed = len(copy)
+            elif self._writes_lines:
+                self._copy_handed = 0
                 transport.writelines(self._pieces(room))
             else:  # one by one: the transport may pause the writer after any of them
+                self._copy_handed = 0
                 while room > 0 and queue and not self._paused:
                     (piece,) = self._pieces(room, 1)
                     transport.write(piece)

@@ -28,6 +28,8 @@ from tierproxy.remote_log.failures import Cause, cause_of
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.throttled_log import ThrottledLog
 
+from .paced import give_back_stalled
+
 log = logging.getLogger("tierproxy.tiered")
 
 # How often a reader of the file metadata store picks up what the pipeline appended.
@@ -51,6 +53,8 @@ class RemoteTier:
         self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics,
                                                    shared_index_dir=shared_index_dir)
         self.rsm.observe_requests(self.metrics.store_request)
+        # Clients that stopped reading give their chunks back when others need the room.
+        self.engine.chunk_cache.on_full = give_back_stalled
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
         # KIP-956: remote.log.manager.fetch.max.bytes.per.second, this process's share of it
         # (proxy.workers divides it as it divides the other bounds).

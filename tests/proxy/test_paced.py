@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 import socket
 from typing import Any
 
 import pytest
 import uvloop
 
-from tierproxy.proxy.paced import MIN_PIECE, PacedWriter, socket_room
+from tierproxy.proxy.paced import MIN_PIECE, PacedWriter, give_back_stalled, socket_room
 
 
 class Leases:
@@ -236,3 +237,59 @@ def test_a_real_transport_sends_everything_in_order_to_a_slow_reader(run: Any) -
     received, most_buffered = run(main())
     assert received == chunk
     assert most_buffered < len(chunk) // 4
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) -> None:
+    """A reader that stops: the writer stalls, and give_back_stalled has it copy the chunk
+    slices it queues and give every lease back (the transport holds a copy, never a view
+    of a chunk); when the reader reads again every byte arrives, in order."""
+    chunk = mmap.mmap(-1, 4 << 20)
+    chunk[:] = bytes(range(256)) * (len(chunk) // 256)
+    parts = [memoryview(chunk)[i:i + (1 << 20)] for i in range(0, len(chunk), 1 << 20)]
+    frame = b"broker frame" * 1000
+
+    async def main() -> tuple[bytes, int, int, bool]:
+        loop = asyncio.get_running_loop()
+        sink = _Sink()
+        server = await loop.create_server(lambda: sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        raw = socket.create_connection(("127.0.0.1", port))
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        while sink.writer is None:
+            await asyncio.sleep(0.001)
+        first, second = Leases(), Leases()
+        sink.writer.write(parts, first)
+        sink.writer.write([frame, *parts], second)
+        for _ in range(200):  # the reader reads nothing: the writer stalls
+            if sink.transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.005)
+        stalled = (first.released, second.released) == (0, 0)
+        copied = give_back_stalled()
+        released = first.released + second.released
+        chunk[:] = b"\xff" * len(chunk)  # the chunk's buffer reused: nothing queued may view it
+        raw.setblocking(False)
+        received = bytearray()
+        expected = 2 * len(chunk) + len(frame)
+        while len(received) < expected:
+            try:
+                data = raw.recv(1 << 20)
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+                continue
+            if not data:
+                break
+            received += data
+        raw.close()
+        sink.transport.close()
+        server.close()
+        return bytes(received), copied, released, stalled
+
+    original = bytes(range(256)) * (len(chunk) // 256)
+    received, copied, released, stalled = run(main())
+    assert stalled and released == 2
+    assert 0 < copied <= 2 * len(chunk)
+    # What the socket had taken before give_back_stalled is the original; the rest too,
+    # from the copies: the reused buffer's 0xff never reaches the client.
+    assert received == original + frame + original
