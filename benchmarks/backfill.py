@@ -391,6 +391,9 @@ def run_case(case: str, round_: int, data: DataSet, kafka, native, relay, client
     serving = dict(data.properties.get(backend) or
                    properties_for(data.workdir, kafka.bootstrap_servers, data.remote_topic, "local", None))
     serving["proxy.workers"] = "2" if case == "W" else "1"
+    # Ports picked when the proxy starts: taken at set-up, another server may hold them since.
+    serving |= {"proxy.bootstrap.port": str(_free_port()), "proxy.broker.port.base": str(_free_port()),
+                "metrics.port": str(_free_port())}
     if case == "f":  # the same objects, each GET's first byte held back by the relay
         serving["remote.log.storage.s3.endpoint.url"] = relay.endpoint_url
     profile = Path(profile_dir) / f"{data.name}-{case}-{round_}.prof" if profile_dir else None
