@@ -19,6 +19,7 @@ copy task's) keeps only their metadata: a start costs what they hold, not the wh
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from collections.abc import Iterable, Iterator
 
@@ -37,6 +38,7 @@ from .serde import MetadataDecodeError, RemoteLogMetadata, RemoteLogTruncation, 
 __all__ = [
     "DuplicateSegment",
     "EpochChain",
+    "LoadedAtStart",
     "MetadataDecodeError",
     "RemoteLogMetadataManager",
     "RemoteLogTruncation",
@@ -183,3 +185,25 @@ class RemoteLogMetadataManager(abc.ABC):
         """The whole state of every partition loaded (what `bucket.publish` writes): read them
         on the event loop's thread, and change none."""
         return self._cache.partition_states()
+
+
+class LoadedAtStart(RemoteLogMetadataManager):
+    """A store that loads every partition's metadata when it starts (`_started` set then):
+    each partition is ready once the whole store is, until it is closed."""
+
+    _started: asyncio.Event
+    _closed: bool
+
+    def _source(self) -> str:
+        """Where the metadata is loaded from, for the error that says it is not yet."""
+        raise NotImplementedError
+
+    def _is_ready(self, tp: TopicIdPartition) -> bool:
+        return self._started.is_set() and not self._closed
+
+    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        self._check_scope(tp)
+        try:
+            await asyncio.wait_for(self._started.wait(), timeout)
+        except TimeoutError:
+            raise MetadataNotReady(f"remote log metadata in {self._source()} not loaded after {timeout}s") from None

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
-from ..errors import MetadataNotReady, RemoteLogMetadataError, RemoteResourceNotFound
+from ..errors import RemoteLogMetadataError, RemoteResourceNotFound
 from ..model import TopicIdPartition
-from . import RemoteLogMetadataManager
+from . import LoadedAtStart
 from .cache import RemoteLogMetadataCache
 from .partition import PartitionState
 from .serde import MetadataDecodeError, RemoteLogMetadata
@@ -250,7 +250,7 @@ async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None
 # ---------------------------------------------------------------------------- reading
 
 
-class BucketRemoteLogMetadataManager(RemoteLogMetadataManager):
+class BucketRemoteLogMetadataManager(LoadedAtStart):
     """`remote.log.metadata.backend=remote`: the metadata the pipeline published into the
     store, read-only, followed every `refresh_interval_ms` (and on `refresh()`)."""
 
@@ -331,16 +331,8 @@ class BucketRemoteLogMetadataManager(RemoteLogMetadataManager):
             "remote.log.metadata.backend=remote is read-only: the pipeline of the cluster that tiers these "
             "partitions publishes their metadata into the store")
 
-    def _is_ready(self, tp: TopicIdPartition) -> bool:
-        return self._started.is_set() and not self._closed
-
-    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
-        self._check_scope(tp)
-        try:
-            await asyncio.wait_for(self._started.wait(), timeout)
-        except TimeoutError:
-            raise MetadataNotReady(
-                f"remote log metadata in {self.bucket.key(HEAD)} not loaded after {timeout}s") from None
+    def _source(self) -> str:
+        return str(self.bucket.key(HEAD))
 
     async def close(self) -> None:
         self._closed = True

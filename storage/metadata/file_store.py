@@ -60,7 +60,7 @@ import crc32c
 from ..errors import MetadataNotReady, RemoteLogMetadataError
 from ..files import fsync_directory
 from ..model import TopicIdPartition
-from . import RemoteLogMetadataManager
+from . import LoadedAtStart
 from .cache import RemoteLogMetadataCache
 from .serde import (
     MetadataDecodeError,
@@ -158,7 +158,7 @@ def read_entries(path: Path, at: LogPosition, chunk: int = READ_CHUNK_BYTES
     return [record for record, _, _ in entries], LogPosition(at.position + end, at.position + last, crc, first_crc)
 
 
-class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
+class FileRemoteLogMetadataManager(LoadedAtStart):
     def __init__(
         self, directory: str | os.PathLike[str], *, read_only: bool = False, shared: bool = False,
         snapshot_interval_bytes: int = DEFAULT_SNAPSHOT_INTERVAL_BYTES,
@@ -373,15 +373,8 @@ class FileRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     # ------------------------------------------------------------------ readiness, close
 
-    def _is_ready(self, tp: TopicIdPartition) -> bool:
-        return self._started.is_set() and not self._closed
-
-    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
-        self._check_scope(tp)
-        try:
-            await asyncio.wait_for(self._started.wait(), timeout)
-        except TimeoutError:
-            raise MetadataNotReady(f"remote log metadata in {self.path} not loaded after {timeout}s") from None
+    def _source(self) -> str:
+        return str(self.path)
 
     async def close(self) -> None:
         async with self._write_lock:

@@ -4,6 +4,8 @@ ACLs granted to its users, and raw connections authenticated as one of them."""
 from __future__ import annotations
 
 import datetime
+import time
+from typing import Any
 
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from kio.schema.fetch.v12 import request as fetch12
@@ -42,3 +44,16 @@ def fetch_at(topic: str, offset: int) -> fetch12.FetchRequest:
                                 min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
                                 topics=(fetch12.FetchTopic(topic=topic, partitions=(partition,)),),
                                 forgotten_topics_data=())
+
+
+async def consume_until_refused(consumer: Any, records: list[Any], seconds: float = 30) -> None:
+    """Start `consumer` and collect what it reads into `records` for `seconds`, stopping it
+    however that ends: a consumer without READ raises TopicAuthorizationFailedError."""
+    try:
+        await consumer.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()

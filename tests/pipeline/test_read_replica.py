@@ -41,7 +41,7 @@ from tierproxy.client.cluster import Cluster
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.pipeline.tier import run_pass
-from tests.helpers.acl import authenticated, fetch_at, grant
+from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
 from tests.helpers.batches import batch
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
@@ -254,14 +254,7 @@ async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(o
                                 auto_offset_reset="earliest", **_sasl("carol"))
     records = []
     with pytest.raises(TopicAuthorizationFailedError):
-        try:
-            await consumer.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                for batch in (await consumer.getmany(timeout_ms=300)).values():
-                    records.extend(batch)
-        finally:
-            await consumer.stop()
+        await consume_until_refused(consumer, records)
     assert records == []
     assert _remote_reads(replica, origin.topic) == before
 

@@ -33,7 +33,7 @@ from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.client.connection import KafkaConnection
 from testbed.fixtures import SASL_USERS
-from tests.helpers.acl import authenticated, fetch_at, grant
+from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
 from tests.helpers.consume import consume_aiokafka, consume_confluent, expected_by_partition, in_partition_order
 from tests.helpers.consume import record_keys
 from tests.helpers.proxy import ProxyThread
@@ -101,14 +101,7 @@ async def test_without_read_aiokafka_gets_topic_authorization_failed(proxy, tier
                                 auto_offset_reset="earliest", **_aiokafka_sasl(user))
     records = []
     with pytest.raises(TopicAuthorizationFailedError):
-        try:
-            await consumer.start()  # bob: raises here already
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                for batch in (await consumer.getmany(timeout_ms=300)).values():
-                    records.extend(batch)
-        finally:
-            await consumer.stop()
+        await consume_until_refused(consumer, records)
     assert records == []
     assert _remote_reads(proxy, data.topic) == before
 
