@@ -9,12 +9,15 @@ With k1 configured on the replica alice replays both topics exactly from offset 
 k1, or with other material under the id k1, each partition of `sealed` is refused as the
 origin's proxy refuses it (TIERED_STORAGE_NOT_AVAILABLE: UNKNOWN_SERVER_ERROR on the wire,
 counted by cause, no bytes) and `plain` is served in full; with encryption required there,
-`plain` is refused and `sealed` served.
+`plain` is refused and `sealed` served. The replica's file has no SSE setting: reading
+needs none. `tierproxy status` on it names the key its segments need; `replica create`
+and the proxy reach a SASL_SSL-only cluster with tierproxy's security keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,13 +80,15 @@ def origins(spark, s3_server, tmp_path_factory) -> Iterator[Origins]:
 
 @pytest.fixture(scope="module")
 def replica_base(origins, tmp_path_factory) -> dict[str, str]:
-    """The replica's settings without any encryption key: the store (its SSE keys too, which
-    only writes use), the metadata the pipeline publishes into the bucket, both topics replicas."""
+    """The replica's settings without any encryption key: the store without its SSE keys
+    (reading an SSE object needs none), the metadata the pipeline publishes into the bucket,
+    both topics replicas."""
     metadata = {"remote.log.metadata.backend": "remote",
                 "remote.log.metadata.dir": str(tmp_path_factory.mktemp("replica-metadata")),
                 "remote.log.replica.refresh.interval.ms": "1000"}
     settings = replica_settings(origins.sealed, metadata, origins.sealed.topic, origins.plain.topic)
-    return {key: value for key, value in settings.items() if not key.startswith("remote.log.storage.encryption.")}
+    return {key: value for key, value in settings.items()
+            if not key.startswith(("remote.log.storage.encryption.", "remote.log.storage.s3.sse"))}
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +224,32 @@ async def test_on_a_cluster_with_nothing_plaintext_the_replica_uses_its_security
     finally:
         for topic in (origins.sealed.topic, origins.plain.topic):
             secure_kafka.delete_topic(topic)
+
+
+async def test_status_of_the_replica_names_the_key_its_segments_need(origins, replica_cluster, replica_base,
+                                                                   tmp_path, capsys):
+    """`tierproxy status` on the replica's configuration: each replica partition's remote range
+    (the origin's), all of it served, and the key ids its segments use; without k1 every
+    sealed segment is a problem naming it, with k1 there is none."""
+    settings = {**replica_base, "bootstrap.servers": plaintext_bootstrap(replica_cluster)}
+    without = write_properties(tmp_path / "without.properties", settings)
+    assert await asyncio.to_thread(main, ["status", "--config", str(without), "--json"]) == 1
+    out, err = capsys.readouterr()
+    rows = {(p["topic"], p["partition"]): p for p in json.loads(out)["partitions"]}
+    for origin in (origins.sealed, origins.plain):
+        for partition, end in origin.ends().items():
+            row = rows.pop((origin.topic, partition))
+            assert (row["rx"], row["ry"], row["lx"], row["lz"]) == (0, end - 1, end, end), row
+            assert bool(row["problems"]) == (origin is origins.sealed), row
+            assert all("encrypted with key 'k1'" in problem for problem in row["problems"]), row
+            assert f"{origin.topic}-{partition}" in err or origin is origins.plain
+    assert rows == {}
+
+    keyed = write_properties(tmp_path / "keyed.properties",
+                             {**settings, "remote.log.storage.encryption.keys": encryption_keys({"k1": origins.k1})})
+    assert await asyncio.to_thread(main, ["status", "--config", str(keyed), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (k1,) = report["encryption_keys"]
+    assert (k1["key_id"], k1["segments"]) == ("k1", sum(p["remote_segments"] for p in report["partitions"]
+                                                        if p["topic"] == origins.sealed.topic))
+    assert k1["segments"] >= PARTITIONS
