@@ -28,6 +28,10 @@ before it trims a partition over a segment, and stops that partition's trim at o
 
 With `remote.log.metadata.backend=remote` (a read replica) the metadata is what the origin's
 pipeline published into the store, and status also tells how long ago that was published.
+Read replica topics (`topic.<name>.remote.log.read.replica=true`) are listed too: their
+remote range is the origin's partition's (another topic id, joined by name), Lx, Ly and Lz
+the offsets the proxy serves (all remote, the topic on this cluster is empty), and their
+segments' keys are checked as above: a replica reads them with its own configured keys.
 
 Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
 (each such partition is named on stderr), 2 the configuration is invalid or the
@@ -54,6 +58,7 @@ from aiokafka.errors import KafkaError
 
 from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
 from tierproxy.protocol.apis import OffsetSpec
+from tierproxy.proxy.filters.replica import ReadReplicas
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
@@ -191,6 +196,14 @@ async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Clus
     return await stack.enter_async_context(remote_log_metadata_manager(values, read_only=True))
 
 
+def _remote_partition(replicas: ReadReplicas | None, tp: TopicIdPartition) -> TopicIdPartition:
+    """The partition in the remote log metadata: a read replica's is the origin's (another
+    topic id), this cluster's partition when nothing of it is tiered yet."""
+    if replicas is None or tp.topic not in replicas:
+        return tp
+    return replicas.origin_partition(tp.topic, tp.partition) or tp
+
+
 def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
     if rlmm is None:
         return []
@@ -287,7 +300,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
     before the remote metadata, and Ly and then Lz after it. The segments' manifests and
     objects come last (`rsm`, by default the configuration's); `verify` checks each
     object's CRC-32C too."""
-    wanted = [t.name for t in config.tiered_topics]
+    wanted = [t.name for t in config.tiered_topics + config.read_replica_topics]
     async with AsyncExitStack() as stack:
         rsm = await stack.enter_async_context(rsm if rsm is not None else remote_storage_manager(config))
         cluster = await stack.enter_async_context(Cluster.from_config(config, client_id="tierproxy-status"))
@@ -298,13 +311,15 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             return Report([], missing, _key_usage(config, []))
         earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
         rlmm = await _metadata_manager(config, stack, cluster)
-        ids = {tp: TopicIdPartition(topics[tp[0]].topic_id, *tp) for tp in tps}
+        replicas = ReadReplicas((t.name for t in config.read_replica_topics), rlmm) if rlmm else None
+        ids = {tp: _remote_partition(replicas, TopicIdPartition(topics[tp[0]].topic_id, *tp)) for tp in tps}
         if rlmm is not None:
             for tid in ids.values():
                 await rlmm.wait_until_ready(tid, timeout)
         remote = {tp: (rlmm.log_start_offset(ids[tp]), rlmm.log_end_offset(ids[tp])) if rlmm else (None, None)
                   for tp in tps}
         finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}
+        served = {tp: replicas.offsets(ids[tp]) for tp in tps if replicas is not None and tp[0] in replicas}
         stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
         found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
@@ -313,6 +328,8 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
     partitions = []
     for tp in tps:
         lx, ly, lz = earliest[tp].offset, stable[tp].offset, latest[tp].offset
+        if tp in served:  # a read replica's: the offsets the proxy serves, not the empty topic's
+            lx, ly, lz = served[tp].local_log_start, served[tp].last_stable_offset, served[tp].high_watermark
         rx, ry = remote[tp]
         segments = finished[tp]
         keys, key_problems, warnings = _encryption(segments, found[tp], configured,

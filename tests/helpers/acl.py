@@ -37,9 +37,9 @@ async def authenticated(address: str, user: str) -> KafkaConnection:
     return conn
 
 
-def fetch_at(topic: str, offset: int) -> fetch12.FetchRequest:
-    """A Fetch v12 (by name, no session) of partition 0 of `topic` from `offset`."""
-    partition = fetch12.FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20))
+def fetch_at(topic: str, offset: int, partition_index: int = 0) -> fetch12.FetchRequest:
+    """A Fetch v12 (by name, no session) of a partition of `topic` (0 unless told) from `offset`."""
+    partition = fetch12.FetchPartition(partition=i32(partition_index), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20))
     return fetch12.FetchRequest(max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
                                 min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
                                 topics=(fetch12.FetchTopic(topic=topic, partitions=(partition,)),),

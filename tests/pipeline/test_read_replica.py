@@ -40,14 +40,13 @@ from tierproxy.cli import main
 from tierproxy.client.cluster import Cluster
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
-from tierproxy.pipeline.tier import run_pass
 from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
 from tests.helpers.batches import batch
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
-from tests.helpers.pipeline import assert_clean, tier_config
-from tests.helpers.produce import ProducedRecord, produce_timed
 from tests.helpers.proxy import ProxyThread, proxy_config, running
+from tests.helpers.read_replica import Origin, replay, sasl
+from tests.helpers.read_replica import replica_settings as replica_settings_of
 from tests.helpers.tiered import plaintext_bootstrap
 
 pytestmark = pytest.mark.timeout(600)
@@ -55,9 +54,6 @@ pytestmark = pytest.mark.timeout(600)
 PARTITIONS = 2
 PER_PARTITION = 400
 MORE = 50
-STEP_MS = 10
-# Everything below the last stable offset is shipped, and trimmed from the origin's broker.
-TOPIC_SETTINGS = {"segment.ms": 1, "local.retention.ms": 0, "segment.bytes": 16 * 1024}
 
 
 @pytest.fixture(scope="module", params=["file", "remote"])
@@ -72,32 +68,13 @@ def metadata(request, tmp_path_factory) -> tuple[dict[str, str], dict[str, str]]
                     "remote.log.replica.refresh.interval.ms": "1000"}
 
 
-class Origin:
-    def __init__(self, cluster: KafkaCluster, topic: str, store: dict[str, str], root: Path) -> None:
-        self.cluster = cluster
-        self.topic = topic
-        self.records: list[ProducedRecord] = []
-        self.config = tier_config(root, cluster.bootstrap_servers, topic, topic_settings=TOPIC_SETTINGS, extra=store)
-
-    def produce(self, per_partition: int) -> None:
-        # Stamped in the past, so that the pass sees even the last segment as older than segment.ms.
-        first = int(time.time() * 1000) - per_partition * STEP_MS - 1000
-        self.records += produce_timed({"bootstrap.servers": self.cluster.bootstrap_servers}, self.topic,
-                                      PARTITIONS, per_partition, value_size=100, base_timestamp_ms=first,
-                                      step_ms=STEP_MS)
-        self.records.sort(key=lambda r: (r.partition, r.offset))
-
-    def tier(self, spark) -> None:
-        assert_clean(run_pass(self.config, spark))
-
-
 @pytest.fixture(scope="module")
 def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
     topic = f"replicated-{uuid.uuid4().hex[:8]}"
     store = {**s3_server.storage_properties(topic), **metadata[0]}
     with KafkaCluster(1, broker_config=_test_broker_config()) as cluster:
         cluster.create_topic(topic, partitions=PARTITIONS)
-        data = Origin(cluster, topic, store, tmp_path_factory.mktemp("origin"))
+        data = Origin(cluster, topic, PARTITIONS, store, tmp_path_factory.mktemp("origin"))
         data.produce(PER_PARTITION)
         data.tier(spark)
         yield data
@@ -105,11 +82,8 @@ def origin(spark, s3_server, metadata, tmp_path_factory) -> Iterator[Origin]:
 
 @pytest.fixture(scope="module")
 def replica_settings(origin, metadata) -> dict[str, str]:
-    """The replica cluster's side of the configuration (its proxy's and `replica create`'s):
-    the origin's store, read only."""
-    return {key: value for key, value in origin.config.raw().items()
-            if key.startswith("remote.log.storage.")} | metadata[1] | {
-        f"topic.{origin.topic}.remote.log.read.replica": "true"}
+    """The replica cluster's side of the configuration (its proxy's and `replica create`'s)."""
+    return replica_settings_of(origin, metadata[1])
 
 
 @pytest.fixture(scope="module")
@@ -133,31 +107,6 @@ def replica(origin, sasl_kafka, replica_settings, replica_file) -> Iterator[Prox
             yield proxy
     finally:
         sasl_kafka.delete_topic(origin.topic)
-
-
-def _sasl(user: str) -> dict[str, str]:
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": user,
-            "sasl_plain_password": SASL_USERS[user]}
-
-
-async def _replay(proxy: ProxyThread, topic: str, count: int, **options) -> list[tuple]:
-    """alice's records from offset 0, until `count` or 60 s, sorted by (partition, offset)."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap_servers, auto_offset_reset="earliest",
-                                enable_auto_commit=False, **_sasl("alice"), **options)
-    await consumer.start()
-    records = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(records) < count and time.monotonic() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=500)).values():
-                records.extend(batch)
-        if "group_id" in options:
-            await consumer.commit()
-            committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in range(PARTITIONS)}
-            assert committed == {p: sum(1 for r in records if r.partition == p) for p in range(PARTITIONS)}
-    finally:
-        await consumer.stop()
-    return sorted(record_keys(records), key=lambda k: (k[0], k[1]))
 
 
 async def _replica_end_offsets(cluster: KafkaCluster, topic: str) -> dict[int, int]:
@@ -194,9 +143,9 @@ async def test_replica_create_refuses_a_topic_with_another_partition_count(origi
 
 
 async def test_alice_replays_the_topic_exactly_with_offsets_from_the_remote_log(origin, replica):
-    assert await _replay(replica, origin.topic, len(origin.records)) == record_keys(origin.records)
+    assert await replay(replica, origin.topic, PARTITIONS, len(origin.records)) == record_keys(origin.records)
     assert _remote_reads(replica, origin.topic) > 0
-    consumer = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, **_sasl("alice"))
+    consumer = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, **sasl("alice"))
     await consumer.start()
     try:
         partitions = [TopicPartition(origin.topic, p) for p in range(PARTITIONS)]
@@ -216,7 +165,7 @@ async def test_alice_replays_the_topic_exactly_with_offsets_from_the_remote_log(
 
 
 async def test_produce_to_the_replica_is_refused_and_never_lands(origin, replica, sasl_kafka):
-    producer = AIOKafkaProducer(bootstrap_servers=replica.bootstrap_servers, **_sasl("dave"))
+    producer = AIOKafkaProducer(bootstrap_servers=replica.bootstrap_servers, **sasl("dave"))
     await producer.start()
     try:
         with pytest.raises(InvalidTopicError):
@@ -251,7 +200,7 @@ async def test_a_produce_with_another_topic_too_writes_only_that_one(origin, rep
 async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(origin, replica):
     before = _remote_reads(replica, origin.topic)
     consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **_sasl("carol"))
+                                auto_offset_reset="earliest", **sasl("carol"))
     records = []
     with pytest.raises(TopicAuthorizationFailedError):
         await consume_until_refused(consumer, records)
@@ -312,7 +261,7 @@ async def test_list_offsets_of_every_kind_are_the_remote_logs(origin, replica):
 
 async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
     consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=replica.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="latest", **_sasl("alice"))
+                                auto_offset_reset="latest", **sasl("alice"))
     await consumer.start()
     try:
         assert await consumer.getmany(timeout_ms=1000) == {}  # at the end: nothing
@@ -331,7 +280,7 @@ async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
 
 async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica, sasl_kafka):
     os.kill(origin.cluster.pids[0], signal.SIGKILL)
-    replayed = await _replay(replica, origin.topic, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
+    replayed = await replay(replica, origin.topic, PARTITIONS, len(origin.records), group_id=f"g-{uuid.uuid4().hex[:6]}")
     assert replayed == record_keys(origin.records)
     # librdkafka too, to the end of each partition.
     kcat = await asyncio.to_thread(subprocess.run, [
