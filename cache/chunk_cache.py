@@ -186,7 +186,7 @@ class ChunkCache:
         key = (segment.segment_id.id, index)
         data = self._take(key)
         if data is not None and leases is not None:  # before the read-ahead evicts anything
-            leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]
+            leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
         if read_ahead:
             # Before waiting on a miss: the next chunks load alongside this one.
             self.prefetch(segment, index + 1, self.read_ahead_chunks)

@@ -406,7 +406,7 @@ class RemoteLogReader:
                 async for batch in batches:
                     if window is not None:  # the batches before this one are done with
                         while held and (held[0][0] + 1) * cache.chunk_size <= batch.position:
-                            window.release_one(held.popleft()[1].obj)  # type: ignore[arg-type]
+                            window.release_one(held.popleft()[1].obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
                     header = batch.header
                     if header.last_offset > segment.end_offset:
                         return  # past a truncated segment's end: never served

@@ -123,9 +123,9 @@ def assemble(order: Iterable[tuple[TopicKey, Iterable[int]]], remote: Mapping[tu
     for key, indexes in order:
         partitions: list[Remote | Broker] = []
         for index in indexes:
-            answer = remote.get((key, index))
+            answer: Remote | Broker | None = remote.get((key, index))
             if answer is None:
-                answer = broker.get((key, index))  # type: ignore[assignment]
+                answer = broker.get((key, index))
                 if answer is None:
                     continue
             partitions.append(answer)

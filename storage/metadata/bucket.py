@@ -101,7 +101,7 @@ class Head:
                 raise MetadataDecodeError(f"remote log metadata head of format {doc['format']}, not {FORMAT}")
 
             def obj(o: dict[str, object]) -> StoredObject:
-                return StoredObject(str(o["name"]), int(o["bytes"]), int(o["crc32c"]))  # type: ignore[call-overload]
+                return StoredObject(str(o["name"]), int(o["bytes"]), int(o["crc32c"]))  # type: ignore[call-overload]  # JSON numbers
 
             return cls(int(doc["generation"]), int(doc["published_ms"]), tuple(obj(o) for o in doc["objects"]),
                        int(doc["snapshot_objects"]), obj(doc["index"]) if doc["index"] else None)
