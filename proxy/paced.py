@@ -90,6 +90,10 @@ class _Response:
         self.offset = 0  # bytes of it already handed over
         self.leases = leases
 
+    @property
+    def holds_chunks(self) -> bool:
+        return bool(self.leases)  # leases that hold nothing are empty
+
 
 class PacedWriter:
     """Writes whole responses, in the order given, to `transport` as its socket takes them.
@@ -209,6 +213,11 @@ class PacedWriter:
         transport = self._transport
         while queue and not self._paused and not self._closed and not transport.is_closing():
             if self._socket is None:  # its room cannot be known: a piece, as the socket's own
+                room = MIN_PIECE
+            elif (self._queued_bytes <= MIN_PIECE and not transport.get_write_buffer_size()
+                  and not any(response.holds_chunks for response in queue)):
+                # A small response of no chunk (the tail's): the socket takes it, or the
+                # transport keeps it pinning nothing; no need to ask the socket for room.
                 room = MIN_PIECE
             else:
                 room = socket_room(self._socket) - transport.get_write_buffer_size()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from tierproxy.proxy import paced
 from tierproxy.proxy.paced import MIN_PIECE, PacedWriter, give_back_stalled, socket_room
 
 
@@ -293,3 +294,39 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
     # What the socket had taken before give_back_stalled is the original; the rest too,
     # from the copies: the reused buffer's 0xff never reaches the client.
     assert received == original + frame + original
+
+
+def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail's responses (small, broker bytes only) go straight to the transport: the
+    three system calls of socket_room are for responses that may pin a chunk."""
+    asked: list[int] = []
+    real_room = paced.socket_room
+
+    def counting_room(sock: Any) -> int:
+        asked.append(1)
+        return real_room(sock)
+
+    monkeypatch.setattr(paced, "socket_room", counting_room)
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+
+    class Held(Leases):
+        def __len__(self) -> int:
+            return 1
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.connect_accepted_socket(_Sink, accepted)
+        assert protocol.writer is not None
+        for _ in range(50):
+            protocol.writer.write([b"\x00\x00\x00\x08", b"response"], None)
+        small = len(asked)
+        protocol.writer.write([memoryview(bytearray(1000))], Held())
+        transport.close()
+        return small, len(asked) - small
+
+    small, leased = uvloop.run(main())
+    client.close()
+    server.close()
+    assert small == 0 and leased >= 1
