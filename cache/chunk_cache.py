@@ -10,8 +10,10 @@ stays in its buffer, counted as held, until the response gave the lease back; on
 is the buffer reused.
 
 Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
-i+1 .. i+N (`read_ahead_chunks`) are fetched in the background, so a sequential
-reader finds them ready; `prefetch` lets a reader carry that into the next segment.
+i+1 .. i+N are fetched in the background, so a sequential reader finds them ready: N is
+`read_ahead_chunks` for `get`'s own read-ahead, and the remote log reader asks `prefetch`
+for as many as the store's observed first-byte latency needs (remote_log/read_ahead.py),
+into the next segment too.
 The cache holds two kinds of chunks within one byte bound:
 
 - read chunks, in least-recently-used order;
