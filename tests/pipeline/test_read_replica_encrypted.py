@@ -43,7 +43,9 @@ pytestmark = pytest.mark.timeout(600)
 
 PARTITIONS = 2
 PER_PARTITION = 300
-KEY_PREFIX = "replicated"
+# Its own folder of the session's bucket: other modules tier there too (test_read_replica's
+# prefixes are its topics, "replicated-...").
+KEY_PREFIX = f"replicated-sse-{uuid.uuid4().hex[:8]}"
 SSE = {"remote.log.storage.s3.sse": "aws:kms", "remote.log.storage.s3.sse.kms.key.id": "alias/tierproxy"}
 
 
@@ -154,7 +156,7 @@ async def test_the_bucket_holds_sealed_segments_and_every_object_is_sse(origins,
     on every object, the remote log metadata published for replicas too."""
     client = s3_server.client()
     keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=s3_server.bucket, Prefix=KEY_PREFIX) for o in page.get("Contents", ())]
+        Bucket=s3_server.bucket, Prefix=f"{KEY_PREFIX}/") for o in page.get("Contents", ())]
     for origin, sealed in ((origins.sealed, True), (origins.plain, False)):
         logs = [key for key in keys if origin.topic in key and key.endswith(".log")]
         assert len(logs) >= PARTITIONS, keys
