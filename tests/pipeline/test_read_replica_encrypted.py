@@ -121,14 +121,24 @@ async def _replays_exactly(proxy: ProxyThread, origin: Origin) -> None:
     assert await replay(proxy, origin.topic, PARTITIONS, len(origin.records)) == record_keys(origin.records)
 
 
+_NOT_YET = (ErrorCode.replica_not_available, ErrorCode.leader_not_available,
+            ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition)
+
+
 async def _refused(proxy: ProxyThread, origin: Origin, cause: Cause) -> None:
     """Every partition of the topic: alice's Fetch of offset 0 gets UNKNOWN_SERVER_ERROR and
     no bytes, counted under `cause`, as the origin's proxy answers."""
     conn = await authenticated(proxy.bootstrap_servers, "alice")
     try:
         for partition in range(PARTITIONS):
-            response = await conn.request(fetch_at(origin.topic, 0, partition))
-            (answer,) = response.responses[0].partitions
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                response = await conn.request(fetch_at(origin.topic, 0, partition))
+                (answer,) = response.responses[0].partitions
+                # Retriable while the replica's metadata or the broker's ACLs are still loading.
+                if answer.error_code not in _NOT_YET or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.2)
             assert (answer.partition_index, answer.error_code, bytes(answer.records or b"")) == \
                 (partition, ErrorCode.unknown_server_error, b"")
     finally:
