@@ -135,8 +135,11 @@ async def _refused(proxy: ProxyThread, origin: Origin, cause: Cause) -> None:
             while True:
                 response = await conn.request(fetch_at(origin.topic, 0, partition))
                 (answer,) = response.responses[0].partitions
-                # Retriable while the replica's metadata or the broker's ACLs are still loading.
-                if answer.error_code not in _NOT_YET or asyncio.get_running_loop().time() > deadline:
+                # Asked again while the replica's metadata or the broker's ACLs still load, and
+                # while the remote read runs past remote.fetch.max.wait.ms (an empty answer, as
+                # Kafka gives for a remote read that did not finish in time).
+                waiting = answer.error_code in _NOT_YET or (answer.error_code == ErrorCode.none and not answer.records)
+                if not waiting or asyncio.get_running_loop().time() > deadline:
                     break
                 await asyncio.sleep(0.2)
             assert (answer.partition_index, answer.error_code, bytes(answer.records or b"")) == \
