@@ -61,9 +61,10 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
     server = ProxyServer(config, build_filters(config, metrics, worker=worker), metrics, reuse_port=worker)
     http = None
     try:
-        await server.start()
+        # The endpoint first: whoever sees the proxy listening can scrape it.
         if config[METRICS_PORT]:
             http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
+        await server.start()
         log.info("tierproxy serving on %s, broker nodes %s", server.bootstrap_servers,
                  sorted(server.node_listeners) or "not known yet")
         # What start-up built (codecs, schemas, metadata) lives as long as the process: out of
