@@ -159,6 +159,12 @@ class RemoteLogMetadataManager(abc.ABC):
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         return self._ready_cache(tp).highest_offset_for_epoch(tp, leader_epoch)
 
+    def end_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch answer from the remote log alone: (the largest epoch <=
+        `leader_epoch` it holds, that epoch's end offset); (-1, -1) for an epoch past every one it
+        holds. Kafka's `LeaderEpochFileCache.endOffsetFor`, see `lineage.end_offset_for`."""
+        return self._ready_cache(tp).end_offset_for_epoch(tp, leader_epoch)
+
     def list_segments(self, tp: TopicIdPartition, leader_epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         """Segments in any state but DELETE_SEGMENT_FINISHED (of `leader_epoch` if given), by start offset."""
         return self._ready_cache(tp).list_segments(tp, leader_epoch)

@@ -47,7 +47,7 @@ from ..model import (
     check_partition_delete_transition,
     check_segment_transition,
 )
-from .lineage import EpochChain, epoch_end_offset, is_segment_within_lineage
+from .lineage import EpochChain, end_offset_for, epoch_end_offset, is_segment_within_lineage
 from .partition import PartitionState
 from .serde import RemoteLogMetadata, RemoteLogTruncation
 
@@ -214,6 +214,15 @@ class RemoteLogMetadataCache:
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         p = self._partitions.get(tp)
         return p.epochs.highest_offset(leader_epoch) if p is not None else None
+
+    def end_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> tuple[int, int]:
+        """(leader epoch, end offset) of `leader_epoch` in the remote log (`lineage.end_offset_for`):
+        the latest epoch ends at the remote log end offset + 1."""
+        p = self._partitions.get(tp)
+        if p is None:
+            return end_offset_for((), leader_epoch, 0)
+        end = p.log_end_offset()
+        return end_offset_for(p.epochs.history(), leader_epoch, end + 1 if end is not None else 0)
 
     def list_segments(self, tp: TopicIdPartition, leader_epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         """Segments not DELETE_SEGMENT_FINISHED (of `leader_epoch` if given), by start offset."""

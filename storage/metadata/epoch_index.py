@@ -150,6 +150,16 @@ class LeaderEpochIndex:
             return None
         return self.highest[k]
 
+    def history(self) -> list[tuple[int, int]]:
+        """(epoch, first start offset) of each epoch a COPY_SEGMENT_FINISHED segment serves, by
+        epoch: the remote log's leader-epoch history, as the leader's checkpoint holds it."""
+        history = []
+        for k, epoch in enumerate(self.keys):
+            lo, hi = self._bounds(k)
+            if hi > lo:
+                history.append((epoch, self.ref_start[lo]))
+        return history
+
     def rows(self, epoch: int) -> list[int]:
         """The epoch's segments: referenced by start offset, then unreferenced by row."""
         k = self._find(epoch)

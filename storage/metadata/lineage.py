@@ -1,7 +1,8 @@
-"""A segment's leader epochs against an epoch lineage, after Kafka's `RemoteLogManager`.
+"""A segment's leader epochs against an epoch lineage, after Kafka's `RemoteLogManager`, and
+a partition's leader-epoch history asked for an epoch's end offset (`end_offset_for`).
 
-Pure functions over a segment's `(leader epoch, start offset)` pairs (sorted by epoch) and its
-end offset, so the compact cache asks them without making a RemoteLogSegmentMetadata.
+Pure functions over `(leader epoch, start offset)` pairs (sorted by epoch) and an end
+offset, so the compact cache asks them without making a RemoteLogSegmentMetadata.
 """
 
 from __future__ import annotations
@@ -15,11 +16,34 @@ LeaderEpochs = Sequence[tuple[int, int]]
 EpochChain = Sequence[tuple[int, int]]
 """A leader-epoch lineage: (leader epoch, start offset) pairs, as in Kafka's checkpoint file."""
 
+#: OffsetForLeaderEpoch's answer when the epoch is not known (Kafka's names).
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
+
 
 def epoch_end(epochs: LeaderEpochs, end_offset: int, epoch: int) -> int:
     """Last offset of `epoch` in a segment: the next epoch's start - 1, else the segment's end."""
     i = bisect.bisect_right(epochs, (epoch, float("inf")))
     return epochs[i][1] - 1 if i < len(epochs) else end_offset
+
+
+def end_offset_for(history: EpochChain, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
+    """(leader epoch, end offset) for `requested_epoch`, as Kafka's `LeaderEpochFileCache.endOffsetFor`
+    answers OffsetForLeaderEpoch: the largest known epoch <= the one asked and the start offset of
+    the next known epoch, or `log_end_offset` when the latest epoch is asked. Below every known
+    epoch: the epoch asked and the first epoch's start offset (what came before is gone from the
+    log). UNDEFINED_EPOCH asked, an epoch above every known one, or no history at all:
+    (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)."""
+    if requested_epoch == UNDEFINED_EPOCH or not history:
+        return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+    if requested_epoch == history[-1][0]:
+        return requested_epoch, log_end_offset
+    higher = bisect.bisect_right(history, (requested_epoch, float("inf")))
+    if higher == len(history):
+        return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+    if higher == 0:
+        return requested_epoch, history[0][1]
+    return history[higher - 1][0], history[higher][1]
 
 
 def epoch_end_offset(segment: RemoteLogSegmentMetadata, epoch: int) -> int:
