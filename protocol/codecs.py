@@ -92,6 +92,7 @@ INTERCEPTED: Mapping[ApiKey, range] = MappingProxyType(
         ApiKey.DESCRIBE_CLUSTER: kio_versions(ApiKey.DESCRIBE_CLUSTER),
         ApiKey.FETCH: kio_versions(ApiKey.FETCH, 4),
         ApiKey.LIST_OFFSETS: kio_versions(ApiKey.LIST_OFFSETS, 1),
+        ApiKey.OFFSET_FOR_LEADER_EPOCH: kio_versions(ApiKey.OFFSET_FOR_LEADER_EPOCH),
     }
 )
 

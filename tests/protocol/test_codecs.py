@@ -67,6 +67,7 @@ def test_intercepted_versions_come_from_kio():
         ApiKey.DESCRIBE_CLUSTER,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
     }
 
 
