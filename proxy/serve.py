@@ -17,6 +17,7 @@ from .filters.addresses import BrokerAddressFilter
 from .filters.api_versions import ApiVersionsFilter
 from .filters.fetch import FetchFilter
 from .filters.list_offsets import ListOffsetsFilter
+from .filters.offset_for_leader_epoch import OffsetForLeaderEpochFilter
 from .filters.replica import ReadReplicas, ReplicaProduceFilter
 from .metrics import ProxyMetrics, metrics_endpoint
 from .server import ProxyServer
@@ -33,7 +34,8 @@ def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False
     from the broker and the remote tier, reaches it like any other. Fetch and ListOffsets
     share one remote tier, started and closed with the Fetch filter; its metrics join the
     proxy's registry. A `worker` shares the on-disk index cache with the other workers.
-    With read replica topics, Produce meets a filter that refuses writes to them.
+    With read replica topics, Produce meets a filter that refuses writes to them, and
+    OffsetForLeaderEpoch one that answers their epochs from the remote log.
     """
     from .tiered import RemoteTier
 
@@ -45,6 +47,7 @@ def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False
         *([ReplicaProduceFilter(replicas, tier.metrics)] if replicas else []),
         FetchFilter(tier),
         ListOffsetsFilter(tier),
+        *([OffsetForLeaderEpochFilter(tier, replicas)] if replicas else []),
     ])
 
 

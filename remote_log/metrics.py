@@ -112,8 +112,8 @@ class RemoteMetrics:
             ["api"], buckets=LATENCY_BUCKETS, registry=r)
         self.partition_errors = Counter(
             "tierproxy_partition_errors",
-            "Partitions the proxy itself answered with an error in a Fetch or ListOffsets, by API and "
-            "Kafka error name.", ["api", "error"], registry=r)
+            "Partitions the proxy itself answered with an error in a Fetch, ListOffsets or OffsetForLeaderEpoch, "
+            "by API and Kafka error name.", ["api", "error"], registry=r)
 
     def cache(self, name: str) -> CacheMetrics:
         """The counters of one cache, in the shape `cache/` expects."""

@@ -7,6 +7,8 @@ intercepts:
 - `api_versions`: the versions clients are offered; the broker's, learned per connection.
 - `fetch` (with `fetch_session`, and `protocol.fetch_wire` for the bytes): the remote tier behind Fetch.
 - `list_offsets`: ListOffsets over the whole log, remote part included.
+- `offset_for_leader_epoch`: OffsetForLeaderEpoch of read replica topics, from the remote
+  log's leader epochs.
 - `replica`: read replica topics, served from another cluster's remote tier only (Fetch
   and ListOffsets ask it which partitions those are); Produce to them is refused.
 

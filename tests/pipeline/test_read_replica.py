@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.list_offsets.v9 import request as list_offsets9
+from kio.schema.offset_for_leader_epoch.v4 import request as epoch4
 from kio.schema.produce.v9 import request as produce9
 from confluent_kafka.admin import AclOperation, ResourceType
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
@@ -276,6 +277,72 @@ async def test_a_consumer_at_the_end_sees_new_segments(origin, replica, spark):
     finally:
         await consumer.stop()
     assert sorted(record_keys(records)) == record_keys(r for r in origin.records if r.offset >= ends[r.partition])
+
+
+async def test_offset_for_leader_epoch_answers_from_the_origins_epochs(origin, replica):
+    """The records carry the origin's leader epochs: OffsetForLeaderEpoch (a consumer checking
+    its position) is answered from the remote log's epoch history, as Kafka's leader-epoch
+    cache would, not by the empty topic; the broker's authorization and fencing stay."""
+    end = origin.ends()[0]
+    conn = await authenticated(replica.bootstrap_servers, "alice")
+    try:
+        first = next(iter_batches((await conn.request(fetch_at(origin.topic, 0))).responses[0].partitions[0].records))
+        epoch = first.partition_leader_epoch
+        answers = {}
+        for current, asked in ((-1, epoch), (-1, epoch + 1), (-1, -1), (1 << 20, epoch)):
+            response = await conn.request(_epoch_request(origin.topic, current, asked))
+            (answer,) = response.topics[0].partitions
+            answers[(current, asked)] = (answer.error_code, answer.leader_epoch, answer.end_offset)
+    finally:
+        await conn.close()
+    assert answers == {
+        (-1, epoch): (ErrorCode.none, epoch, end),  # the latest epoch ends at the log end
+        (-1, epoch + 1): (ErrorCode.none, -1, -1),  # past every epoch: UNDEFINED
+        (-1, -1): (ErrorCode.none, -1, -1),
+        (1 << 20, epoch): (ErrorCode.unknown_leader_epoch, -1, -1),  # fenced by the replica's broker
+    }
+    conn = await authenticated(replica.bootstrap_servers, "bob")
+    try:
+        (answer,) = (await conn.request(_epoch_request(origin.topic, -1, epoch))).topics[0].partitions
+    finally:
+        await conn.close()
+    assert (answer.error_code, answer.leader_epoch, answer.end_offset) == \
+        (ErrorCode.topic_authorization_failed, -1, -1)
+
+
+def _epoch_request(topic: str, current_leader_epoch: int, leader_epoch: int) -> epoch4.OffsetForLeaderEpochRequest:
+    """A consumer's OffsetForLeaderEpoch v4 for partition 0 of `topic`."""
+    return epoch4.OffsetForLeaderEpochRequest(replica_id=i32(-1), topics=(epoch4.OffsetForLeaderTopic(
+        topic=topic, partitions=(epoch4.OffsetForLeaderPartition(
+            partition=i32(0), current_leader_epoch=i32(current_leader_epoch), leader_epoch=i32(leader_epoch)),)),))
+
+
+async def test_a_java_group_restarts_exactly_at_its_committed_offsets(origin, replica, sasl_kafka):
+    """A Java consumer validates a committed position that carries a leader epoch (the
+    origin's) with OffsetForLeaderEpoch: the second run of the group goes on exactly where
+    the first committed, neither reset (auto.offset.reset) nor back to a "truncation"."""
+    group = f"restart-{uuid.uuid4().hex[:6]}"
+    everything = sorted((r.partition, r.offset, r.key.decode()) for r in origin.records)
+    first = await _java_group_run(replica, sasl_kafka, origin.topic, group, len(everything) // 3)  # mid-partition
+    assert first and all(line in everything for line in first)
+    second = await _java_group_run(replica, sasl_kafka, origin.topic, group, len(everything) - len(first))
+    assert sorted(first + second) == everything
+
+
+async def _java_group_run(replica: ProxyThread, cluster: KafkaCluster, topic: str, group: str,
+                          count: int) -> list[tuple[int, int, str]]:
+    """The console consumer in `group` (earliest where nothing is committed) until `count`
+    records; it commits what it consumed when it stops. One record per poll: what it consumed
+    is what it printed."""
+    java = await asyncio.to_thread(
+        cluster.java_tool, "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server", replica.bootstrap_servers, "--consumer.config", str(cluster.client_properties("alice")),
+        "--topic", topic, "--group", group, "--from-beginning", "--max-messages", str(count), "--timeout-ms", "30000",
+        "--consumer-property", "max.poll.records=1",
+        "--property", "print.partition=true", "--property", "print.offset=true", "--property", "print.key=true",
+        "--property", "print.value=false", timeout=180)
+    assert java.returncode == 0, java.stderr[-2000:]  # a TimeoutException: it did not get `count`
+    return [_java_record(line) for line in java.stdout.splitlines() if line.startswith("Partition:")]
 
 
 async def test_without_the_origin_a_group_replays_everything_exactly_once(origin, replica, sasl_kafka):
