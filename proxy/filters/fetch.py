@@ -24,8 +24,8 @@ kept (`fetch_session`). The proxy's own queries to the broker are sessionless.
 
 Remote partitions are read concurrently on the reader pool, each within its
 partition_max_bytes, all of them within what is left of the response's max_bytes and
-at most `remote.fetch.max.bytes`; the first partition read gets at least one whole
-batch (KIP-74). When that bound does not fit them all, the next Fetch on the
+at most `remote.fetch.max.bytes`; the first of them, in reading order, that has
+records gets at least one whole batch (KIP-74). When that bound does not fit them all, the next Fetch on the
 connection starts with the partitions left out, so each gets its turn; when the broker's
 records left no room for any remote bytes, the next Fetch gives the first remote partition
 one whole batch all the same, so that a busy local tail cannot starve the remote ones.
@@ -122,7 +122,7 @@ class _Remote:
     """One partition the remote tier answers in this request."""
 
     __slots__ = ("topic_key", "request", "tp", "offsets", "remote_log_start", "outcome", "error", "min_one_batch",
-                 "answer", "replica")
+                 "turn", "answer", "replica")
 
     def __init__(self, topic_key: Any, request: Any, tp: TopicIdPartition, offsets: PartitionOffsets,
                  remote_log_start: int | None = None, replica: bool = False) -> None:
@@ -135,6 +135,7 @@ class _Remote:
         self.outcome: ReadOutcome[RemoteReadResult] | None = None  # None: not read this time
         self.error: ErrorCode | None = None
         self.min_one_batch = False
+        self.turn = 0  # its place in this request's reading order
         self.answer: RemotePartition | None = None
         #: A read replica partition: its leader epochs and log end are the origin's.
         self.replica = replica
@@ -443,7 +444,11 @@ class FetchFilter(Filter):
         indexes, state.remote_rotation = remote_turn([e.request.partition_max_bytes for e in remote],
                                                      state.remote_rotation, budget)
         chosen = [remote[i] for i in indexes]
-        chosen[0].min_one_batch = first_gets_whole_batch(used, state.remote_starved)
+        # Read concurrently, any of them may be the first with records: each may read its
+        # one whole batch, and the merge grants it to the first in reading order that has one.
+        whole_batch = first_gets_whole_batch(used, state.remote_starved)
+        for turn, entry in enumerate(chosen, 1):
+            entry.min_one_batch, entry.turn = whole_batch, turn
         quota = self.tier.fetch_quota
         throttle = quota.throttle_time()
         if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
@@ -500,11 +505,14 @@ class FetchFilter(Filter):
             for key, scanned in scan.topics:
                 for partition in scanned:
                     broker[(key, partition.partition_index)] = view[partition.start:partition.end]
-        # The remote partitions in the order they were read: the first keeps its one batch.
+        # The remote partitions in reading order (those not read last): the first with
+        # records keeps its one whole batch, the others what fits.
         budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
-        for entry in sorted(remote, key=lambda e: not e.min_one_batch):
-            entry.answer = await self._remote_partition(entry, request, queries, budget)
+        whole_batch = any(e.min_one_batch for e in remote)
+        for entry in sorted(remote, key=lambda e: e.turn or len(remote) + 1):
+            entry.answer = await self._remote_partition(entry, request, queries, budget, whole_batch)
             budget -= entry.answer.records_size
+            whole_batch = whole_batch and not entry.answer.records_size
         order = response_order(request, None if in_request_order or scan is None else scan.topics)
         topics = assemble(order, {(e.topic_key, e.request.partition): e.answer for e in remote if e.answer is not None},
                           broker)
@@ -519,7 +527,7 @@ class FetchFilter(Filter):
             scan.tagged_fields)
 
     async def _remote_partition(
-        self, entry: _Remote, request: Any, queries: ClusterQueries, budget: int
+        self, entry: _Remote, request: Any, queries: ClusterQueries, budget: int, whole_batch: bool
     ) -> RemotePartition:
         offsets = entry.offsets
         error = entry.error
@@ -536,8 +544,8 @@ class FetchFilter(Filter):
                 log_start = result.log_start_offset
                 if result.offset_out_of_range:
                     error = ErrorCode.offset_out_of_range
-                # Whole batches that fit what is left of the response (the first with data always does).
-                elif takes(result.records_size, budget, entry.min_one_batch):
+                # Whole batches that fit the partition's and the response's bounds, or KIP-74's one.
+                elif takes(result.records_size, min(entry.request.partition_max_bytes, budget), whole_batch):
                     records, size = result.records, result.records_size
                     self.tier.metrics.remote_partitions_served.labels(entry.tp.topic).inc()
                     if request.isolation_level == READ_COMMITTED:

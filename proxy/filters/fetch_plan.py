@@ -4,8 +4,8 @@ merged response. `proxy.filters.fetch` is the async shell that asks the broker a
 remote tier and applies these.
 
 Kafka's rules they follow: a response holds at most `max_bytes`, the remote part at most
-`remote.fetch.max.bytes` besides; the first partition read gets one whole batch even if
-it is larger (KIP-74); a Fetch is answered once `min_bytes` are there or `max_wait_ms`
+`remote.fetch.max.bytes` besides; the first partition with records gets one whole batch
+even if it is larger (KIP-74); a Fetch is answered once `min_bytes` are there or `max_wait_ms`
 has passed.
 """
 
@@ -79,17 +79,18 @@ def remote_turn(partition_max_bytes: Sequence[int], rotation: int, budget: int) 
 
 
 def first_gets_whole_batch(broker_bytes: int, remote_starved: bool) -> bool:
-    """KIP-74 for the first remote partition read: it gets one whole batch when it is
-    the first partition of the response with records, or when the last Fetch's remote
+    """KIP-74 for the remote partitions: the first of them with records gets one whole
+    batch when no partition of the response had records before them, or when the last Fetch's remote
     partitions got nothing because the broker's records filled the response (a busy
     local tail must not starve remote partitions)."""
     return broker_bytes == 0 or remote_starved
 
 
-def takes(records_size: int, budget: int, min_one_batch: bool) -> bool:
-    """Whether a remote partition's records go into the response: whole batches that fit
-    what is left of it, or the one whole batch KIP-74 grants."""
-    return records_size > 0 and (records_size <= budget or min_one_batch)
+def takes(records_size: int, limit: int, min_one_batch: bool) -> bool:
+    """Whether a remote partition's records go into the response: whole batches within
+    `limit` (its partition_max_bytes and what is left of the response), or the one whole
+    batch KIP-74 grants."""
+    return records_size > 0 and (records_size <= limit or min_one_batch)
 
 
 def second_request(max_wait: datetime.timedelta, elapsed: datetime.timedelta, min_bytes: int,

@@ -16,6 +16,7 @@ own file store, or (`remote`) what the pipeline publishes into the bucket.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import os
 import signal
@@ -28,6 +29,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
+from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.list_offsets.v9 import request as list_offsets9
 from kio.schema.offset_for_leader_epoch.v4 import request as epoch4
@@ -235,6 +237,28 @@ async def test_raw_fetch_of_offset_0_per_principal_by_name_and_by_topic_id(origi
                     assert not answer.records
         finally:
             await conn.close()
+
+
+async def test_the_first_partition_with_records_gets_one_whole_batch(origin, replica):
+    """KIP-74: with a partition_max_bytes no batch fits, the first partition that has
+    records gets one whole batch, whatever comes before it: here partition 0 at its log
+    end (a replica partition answered at once, with nothing)."""
+    conn = await authenticated(replica.bootstrap_servers, "alice")
+    try:
+        first = await conn.request(fetch_at(origin.topic, 0))
+        end = first.responses[0].partitions[0].high_watermark
+        partitions = (fetch12.FetchPartition(partition=i32(0), fetch_offset=i64(end), partition_max_bytes=i32(1)),
+                      fetch12.FetchPartition(partition=i32(1), fetch_offset=i64(0), partition_max_bytes=i32(1)))
+        request = dataclasses.replace(fetch_at(origin.topic, 0),
+                                      topics=(fetch12.FetchTopic(topic=origin.topic, partitions=partitions),))
+        for _ in range(3):  # and again on the same connection: no partition stays first
+            response = await conn.request(request)
+            answers = {int(p.partition_index): p for p in response.responses[0].partitions}
+            assert answers[0].error_code == answers[1].error_code == ErrorCode.none
+            assert not answers[0].records
+            assert [b.base_offset for b in iter_batches(answers[1].records)] == [0]
+    finally:
+        await conn.close()
 
 
 async def test_list_offsets_of_every_kind_are_the_remote_logs(origin, replica):

@@ -72,6 +72,7 @@ def test_records_go_in_when_they_fit_or_are_the_one_whole_batch():
     assert not plan.takes(101, 100, min_one_batch=False)
     assert plan.takes(101, 0, min_one_batch=True)
     assert not plan.takes(0, 100, min_one_batch=True)  # nothing read: nothing served
+    assert not plan.takes(2048, 1024, min_one_batch=False)  # over partition_max_bytes: only as the one batch
 
 
 @given(st.integers(min_value=0, max_value=60_000), st.integers(min_value=0, max_value=60_000_000),
