@@ -61,7 +61,8 @@ class ReadReplicas:
         self.names = frozenset(names)
         self.rlmm = rlmm
         self._origins: dict[tuple[str, int], TopicIdPartition] = {}
-        self._indexed_at = float("-inf")
+        self._indexed_version: int | None = None  # the metadata's partitions_version it was built at
+        self._indexed_loaded = False
 
     @classmethod
     def of(cls, tier: RemoteTier) -> ReadReplicas:
@@ -75,12 +76,20 @@ class ReadReplicas:
 
     def origin_partition(self, name: str, partition: int) -> TopicIdPartition | None:
         """The origin's partition of a replica topic in the remote log metadata; None when
-        none is known (nothing tiered yet)."""
-        now = time.monotonic()
-        if now - self._indexed_at > OFFSETS_MAX_AGE_S:  # new partitions show within that
+        the loaded metadata knows none (nothing tiered yet). Raises MetadataNotReady when it
+        knows none so far and is still loading: the partition may be one not loaded yet."""
+        rlmm = self.rlmm
+        # Rebuilt when a partition appeared, a delete state changed or the load completed:
+        # never per lookup or per segment, whatever the number of partitions.
+        if rlmm.partitions_version != self._indexed_version or (not self._indexed_loaded and rlmm.is_loaded()):
+            self._indexed_loaded = rlmm.is_loaded()
+            self._indexed_version = rlmm.partitions_version
             self._origins = self._index()
-            self._indexed_at = now
-        return self._origins.get((name, partition))
+        found = self._origins.get((name, partition))
+        if found is None and not self._indexed_loaded:
+            raise MetadataNotReady(f"remote log metadata is still loading: no origin partition of {name}-{partition} "
+                                   f"known yet")
+        return found
 
     def _index(self) -> dict[tuple[str, int], TopicIdPartition]:
         """(name, partition) -> the origin's partition. A topic deleted and created again at
