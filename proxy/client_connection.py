@@ -30,8 +30,8 @@ Nothing here is specific to an API: a request whose API key and version have fil
 goes through their chain (``proxy.filters``), every other one is forwarded as an
 opaque frame whose header is peeked for the API key, version and correlation id; the
 wire says whether a response will come (``protocol.acks``). One that gets none meets no
-chain, only the filters that must admit it (``Filter.admit``), when there are any. Both sides are asyncio
-Protocols: ``data_received`` only feeds a FrameDecoder.
+chain, only the filters that must admit it (``Filter.admit``), when there are any. Both
+sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder.
 """
 
 from __future__ import annotations

@@ -162,8 +162,9 @@ class ReplicaProduceFilter(Filter):
     Kafka's own brokers answer a write to a topic they cannot take (an internal one) so too.
 
     A Produce with acks=0 gets no response to carry that error: as a broker does with an
-    acks=0 Produce it cannot take, the proxy closes the connection (the client refreshes
-    its metadata and the next send surfaces the error) and forwards nothing of it.
+    acks=0 Produce it cannot take, the proxy closes the connection (the client sees a
+    disconnect and refreshes its metadata) and forwards nothing of it, not even the
+    partitions of other topics in it.
     """
 
     apis = MappingProxyType({ApiKey.PRODUCE: range(kio_versions(ApiKey.PRODUCE).start,
