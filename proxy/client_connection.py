@@ -29,8 +29,9 @@ The connection behaves like a broker's channel:
 Nothing here is specific to an API: a request whose API key and version have filters
 goes through their chain (``proxy.filters``), every other one is forwarded as an
 opaque frame whose header is peeked for the API key, version and correlation id; the
-wire says whether a response will come (``protocol.acks``). Both sides are asyncio
-Protocols: ``data_received`` only feeds a FrameDecoder.
+wire says whether a response will come (``protocol.acks``). One that gets none meets no
+chain, only the filters that must admit it (``Filter.admit``), when there are any. Both
+sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder.
 """
 
 from __future__ import annotations
@@ -57,7 +58,16 @@ from tierproxy.protocol.headers import (
 )
 
 from .authentication import ResponseObserver, UnauthenticatedRequest, UpstreamListener
-from .filters import ClientRequest, ConnectionContext, Filter, InvalidRequest, ProxyServices, Response, run_chain
+from .filters import (
+    ClientRequest,
+    ConnectionContext,
+    Filter,
+    InvalidRequest,
+    ProxyServices,
+    RefusedRequest,
+    Response,
+    run_chain,
+)
 from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
 from .paced import PacedWriter, Releasable
@@ -375,8 +385,7 @@ class ClientConnection(asyncio.Protocol):
             header = peek_request_header(body)
             observer = gate.check_request(header, body)
             if not expects_response(header, body):  # none may be waited for
-                self._metrics.forwarded(header.api_key)
-                self._send_upstream(encode_frame(body), None)
+                self._unanswered(header, body)
                 return
         except ProtocolError as e:
             self.close(f"malformed request: {e}", level=logging.WARNING, label="bad_request")
@@ -395,6 +404,34 @@ class ClientConnection(asyncio.Protocol):
             self._handling = True
             self._spawn(self._filter(chain, header, body, slot))
 
+    def _unanswered(self, header: RequestHeader, body: memoryview) -> None:
+        """A request that gets no response: forwarded at once, unless filters must admit
+        it first (then the connection is muted until they did, as for a chain)."""
+        admitting = self._filters.admitting(header.api_key, header.api_version) \
+            if self._gate.filtered(header.api_key) else ()
+        if not admitting:
+            self._metrics.forwarded(header.api_key)
+            self._send_upstream(encode_frame(body), None)
+            return
+        self._metrics.intercepted(header.api_key)
+        self._handling = True
+        self._spawn(self._admit(admitting, header, body))
+
+    async def _admit(self, filters: tuple[Filter, ...], header: RequestHeader, body: memoryview) -> None:
+        assert self.ctx is not None, "requests are handled only once the broker connection exists"
+        request = ClientRequest(header, body)
+        try:
+            for filter_ in filters:
+                await filter_.admit(self.ctx, request)
+        except Exception as e:
+            self._filters_failed(filters, header, e)
+            return
+        if self._closed:
+            return
+        self._send_upstream(encode_frame(body), None)
+        self._handling = False
+        self._dispatch_waiting()
+
     async def _filter(self, chain: tuple[Filter, ...], header: RequestHeader, body: memoryview,
                       slot: ResponseSlot) -> None:
         assert self.ctx is not None, "requests are handled only once the broker connection exists"
@@ -406,17 +443,8 @@ class ClientConnection(asyncio.Protocol):
             response = await run_chain(chain, self.ctx, ClientRequest(header, body))
             parts = self._response_frame(header, response)
             answered = not self._closed
-        except UpstreamClosed:
-            return  # the connection is closing; its log line says why
-        except InvalidRequest as e:
-            self.close(f"malformed {api_name(header.api_key)} v{header.api_version} request "
-                       f"(correlation id {header.correlation_id}): {e}", level=logging.WARNING, label="bad_request")
-            return
         except Exception as e:
-            names = ", ".join(map(repr, chain))
-            log.exception("client %s (%s): the filters %s failed on %s v%d (correlation id %d)", self.peer,
-                          self.listener, names, api_name(header.api_key), header.api_version, header.correlation_id)
-            self.close(f"{names} failed: {type(e).__name__}: {e}", level=logging.ERROR)
+            self._filters_failed(chain, header, e)
             return
         finally:
             if not answered:  # no response goes out (a cancelled task's included)
@@ -426,6 +454,21 @@ class ClientConnection(asyncio.Protocol):
         self._handling = False
         self._orderer.complete(slot, parts, leases)
         self._dispatch_waiting()
+
+    def _filters_failed(self, filters: tuple[Filter, ...], header: RequestHeader, error: Exception) -> None:
+        """Close the connection whose request the filters could not handle, saying why."""
+        request = f"{api_name(header.api_key)} v{header.api_version} request (correlation id {header.correlation_id})"
+        if isinstance(error, UpstreamClosed):
+            return  # the connection is closing; its log line says why
+        if isinstance(error, InvalidRequest):
+            self.close(f"malformed {request}: {error}", level=logging.WARNING, label="bad_request")
+        elif isinstance(error, RefusedRequest):
+            self.close(f"refused {request}: {error}", level=logging.WARNING, label="refused")
+        else:
+            names = ", ".join(map(repr, filters))
+            log.error("client %s (%s): the filters %s failed on %s", self.peer, self.listener, names, request,
+                      exc_info=error)
+            self.close(f"{names} failed: {type(error).__name__}: {error}", level=logging.ERROR)
 
     @staticmethod
     def _response_frame(header: RequestHeader, response: Response) -> list[Buffer]:

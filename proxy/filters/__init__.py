@@ -18,12 +18,14 @@ and the response), `context` what a filter sees of the proxy and the connection,
 
 A filter's ``handle(ctx, request, call_next)``: an exception closes that client
 connection with a log line and hurts nothing else; InvalidRequest (a request that does
-not parse) is the client's fault: one WARN line, counted as ``bad_request``.
+not parse) is the client's fault: one WARN line, counted as ``bad_request``;
+RefusedRequest (`Filter.admit`: a request that gets no response must not reach the
+broker) one WARN line too, counted as ``refused``.
 """
 
 from .chain import CallNext, Filter, FilterChains, run_chain
 from .context import ConnectionContext, Forward, NodeDirectory, OwnCorrelationIds, PerConnection, ProxyServices
-from .messages import ClientRequest, InvalidRequest, Response
+from .messages import ClientRequest, InvalidRequest, RefusedRequest, Response
 
 __all__ = (
     "CallNext",
@@ -37,6 +39,7 @@ __all__ = (
     "OwnCorrelationIds",
     "PerConnection",
     "ProxyServices",
+    "RefusedRequest",
     "Response",
     "run_chain",
 )

@@ -9,7 +9,9 @@ what the filters before it see. A filter may also answer without passing the req
 on, or pass it on more than once.
 
 A request of an API no filter takes (or of a version none takes) never meets a chain:
-the connection forwards it as an opaque frame, its header peeked only.
+the connection forwards it as an opaque frame, its header peeked only. Nor does a request
+that gets no response (a Produce with acks=0): only the filters that override
+`Filter.admit` see it, and only to let it through or refuse it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ class Filter:
     async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
         return await call_next(request)
 
+    async def admit(self, ctx: ConnectionContext, request: ClientRequest) -> None:
+        """A request of this filter's APIs that gets no response (a Produce with acks=0):
+        the connection forwards it as it came once every filter that overrides this
+        returned. Raising RefusedRequest keeps it from the broker and closes the
+        connection, as a broker does with an acks=0 Produce it cannot take: there is no
+        response to carry an error."""
+
     async def start(self) -> None:
         """Called once when the proxy starts (open clients, load caches)."""
 
@@ -73,22 +82,20 @@ class FilterChains:
 
     def __init__(self, filters: Iterable[Filter] = ()) -> None:
         self._filters = list(filters)
-        self._by_key: dict[int, list[tuple[range, Filter]]] = {}
-        for filter_ in self._filters:
-            for api_key, versions in filter_.apis.items():
-                self._by_key.setdefault(int(api_key), []).append((versions, filter_))
+        self._by_key = _by_api_key(self._filters)
+        self._admitting_by_key = _by_api_key(f for f in self._filters if type(f).admit is not Filter.admit)
         # Every request asks for its chain: each (key, version) is worked out once.
         self._chains: dict[tuple[int, int], tuple[Filter, ...]] = {}
+        self._admitting: dict[tuple[int, int], tuple[Filter, ...]] = {}
 
     def chain(self, api_key: int, api_version: int) -> tuple[Filter, ...]:
         """The filters a request meets, in order; empty for the opaque path."""
-        found = self._chains.get((api_key, api_version))
-        if found is None:
-            entries = self._by_key.get(api_key, ())
-            found = tuple(filter_ for versions, filter_ in entries if api_version in versions)
-            if len(self._chains) < _CHAINS_KEPT:  # versions come from clients: keep a bounded few
-                self._chains[(api_key, api_version)] = found
-        return found
+        return _filters_for(self._by_key, self._chains, api_key, api_version)
+
+    def admitting(self, api_key: int, api_version: int) -> tuple[Filter, ...]:
+        """The filters whose `admit` a request that gets no response meets, in order;
+        empty (the usual case, one lookup) when it is forwarded at once."""
+        return _filters_for(self._admitting_by_key, self._admitting, api_key, api_version)
 
     def filters_of(self, api_key: int) -> list[Filter]:
         """Every filter taking part in an API, at any version, in chain order."""
@@ -120,6 +127,25 @@ class FilterChains:
         for filter_, result in zip(self._filters, results):
             if isinstance(result, asyncio.CancelledError):
                 log.warning("closing %r was cancelled inside; it is closed all the same", filter_)
+
+
+def _by_api_key(filters: Iterable[Filter]) -> dict[int, list[tuple[range, Filter]]]:
+    by_key: dict[int, list[tuple[range, Filter]]] = {}
+    for filter_ in filters:
+        for api_key, versions in filter_.apis.items():
+            by_key.setdefault(int(api_key), []).append((versions, filter_))
+    return by_key
+
+
+def _filters_for(by_key: dict[int, list[tuple[range, Filter]]], known: dict[tuple[int, int], tuple[Filter, ...]],
+                 api_key: int, api_version: int) -> tuple[Filter, ...]:
+    found = known.get((api_key, api_version))
+    if found is None:
+        entries = by_key.get(api_key, ())
+        found = tuple(filter_ for versions, filter_ in entries if api_version in versions)
+        if len(known) < _CHAINS_KEPT:  # versions come from clients: keep a bounded few
+            known[(api_key, api_version)] = found
+    return found
 
 
 async def _upstream(ctx: ConnectionContext, request: ClientRequest) -> Response:

@@ -317,13 +317,17 @@ class FetchFilter(Filter):
                 offsets = state.proven.get((topic_id, partition.partition))
                 if not proven_below(offsets, partition.fetch_offset):
                     continue
+                try:
+                    tp = self._tier_partition(topic_id, name, partition.partition)
+                except MetadataNotReady:
+                    continue  # the broker's OFFSET_OUT_OF_RANGE brings it to _replica_partition, which answers it
                 key = (topic.topic_id if by_id else topic.topic, partition.partition)
-                direct[key] = _Remote(key[0], partition, self._tier_partition(topic_id, name, partition.partition),
-                                      offsets, replica=name in self.replicas)
+                direct[key] = _Remote(key[0], partition, tp, offsets, replica=name in self.replicas)
         return direct
 
     def _tier_partition(self, topic_id: Any, name: str, partition: int) -> TopicIdPartition:
-        """The partition in the remote log metadata: a read replica's is the origin's."""
+        """The partition in the remote log metadata: a read replica's is the origin's.
+        Raises MetadataNotReady (see ReadReplicas.origin_partition)."""
         origin = self.replicas.origin_partition(name, partition) if name in self.replicas else None
         return origin if origin is not None else TopicIdPartition(topic_id, name, partition)
 
@@ -421,8 +425,9 @@ class FetchFilter(Filter):
         """A read replica partition the broker answered OFFSET_OUT_OF_RANGE (the proof): the
         remote tier answers it whatever the broker's offsets say; None when the offset is
         outside the remote log too (the broker's OFFSET_OUT_OF_RANGE stands)."""
-        tp = self._tier_partition(topic_id, name, fetch_partition.partition)
+        tp = TopicIdPartition(topic_id, name, fetch_partition.partition)  # the error's, if the origin's is not known
         try:
+            tp = self._tier_partition(topic_id, name, fetch_partition.partition)
             offsets = self.replicas.offsets(tp)
             log_start = self.replicas.log_start(tp)
         except MetadataNotReady as e:

@@ -132,7 +132,10 @@ class ListOffsetsFilter(Filter):
         if broker.error_code != ErrorCode.none:
             return answer
         if key[0] in self.replicas:
-            tp = self.replicas.origin_partition(*key)
+            try:
+                tp = self.replicas.origin_partition(*key)
+            except MetadataNotReady as e:
+                return dict(error_code=self.tier.error_code_for(TopicIdPartition(topic_id, *key), e, "LIST_OFFSETS"))
             return await self._guarded(tp or TopicIdPartition(topic_id, *key), self._replica(tp, spec, answer))
         if spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
             answer["timestamp"] = -1

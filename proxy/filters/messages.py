@@ -21,12 +21,17 @@ if TYPE_CHECKING:
 
     from tierproxy.protocol.headers import RequestHeader
 
-__all__ = ("ClientRequest", "InvalidRequest", "Response")
+__all__ = ("ClientRequest", "InvalidRequest", "RefusedRequest", "Response")
 
 
 class InvalidRequest(Exception):
     """The client's request does not parse. Like a broker, the proxy closes the
     connection (with one WARN line; the client's bytes are no proxy fault)."""
+
+
+class RefusedRequest(Exception):
+    """A request that gets no response must not reach the broker (`Filter.admit`): the
+    proxy closes the connection with one WARN line saying why, counted as ``refused``."""
 
 
 class ClientRequest:

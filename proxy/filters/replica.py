@@ -18,7 +18,7 @@ The remote log metadata knows the origin's topic id, this cluster another one: t
 joins them (`origin_partition`).
 
 Produce to a replica topic is refused by `ReplicaProduceFilter` and never reaches the
-broker.
+broker; one with acks=0, which gets no response to carry the error, closes the connection.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tierproxy.storage.model import TopicIdPartition
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
 from .context import ConnectionContext
-from .messages import ClientRequest, Response
+from .messages import ClientRequest, RefusedRequest, Response
 from .tiered_state import CONNECTION_TOPICS, OFFSETS_MAX_AGE_S, ConnectionTopics, PartitionOffsets, broker_queries
 
 __all__ = ("BEYOND_ANY_LOG", "ReadReplicas", "ReplicaProduceFilter")
@@ -61,7 +61,8 @@ class ReadReplicas:
         self.names = frozenset(names)
         self.rlmm = rlmm
         self._origins: dict[tuple[str, int], TopicIdPartition] = {}
-        self._indexed_at = float("-inf")
+        self._indexed_version: int | None = None  # the metadata's partitions_version it was built at
+        self._indexed_loaded = False
 
     @classmethod
     def of(cls, tier: RemoteTier) -> ReadReplicas:
@@ -75,12 +76,20 @@ class ReadReplicas:
 
     def origin_partition(self, name: str, partition: int) -> TopicIdPartition | None:
         """The origin's partition of a replica topic in the remote log metadata; None when
-        none is known (nothing tiered yet)."""
-        now = time.monotonic()
-        if now - self._indexed_at > OFFSETS_MAX_AGE_S:  # new partitions show within that
+        the loaded metadata knows none (nothing tiered yet). Raises MetadataNotReady when it
+        knows none so far and is still loading: the partition may be one not loaded yet."""
+        rlmm = self.rlmm
+        # Rebuilt when a partition appeared, a delete state changed or the load completed:
+        # never per lookup or per segment, whatever the number of partitions.
+        if rlmm.partitions_version != self._indexed_version or (not self._indexed_loaded and rlmm.is_loaded()):
+            self._indexed_loaded = rlmm.is_loaded()
+            self._indexed_version = rlmm.partitions_version
             self._origins = self._index()
-            self._indexed_at = now
-        return self._origins.get((name, partition))
+        found = self._origins.get((name, partition))
+        if found is None and not self._indexed_loaded:
+            raise MetadataNotReady(f"remote log metadata is still loading: no origin partition of {name}-{partition} "
+                                   f"known yet")
+        return found
 
     def _index(self) -> dict[tuple[str, int], TopicIdPartition]:
         """(name, partition) -> the origin's partition. A topic deleted and created again at
@@ -151,6 +160,11 @@ class ReplicaProduceFilter(Filter):
     partition's error message says the topic is a read replica. POLICY_VIOLATION is
     CreateTopics' code, and an authorization error would send the operator looking at ACLs.
     Kafka's own brokers answer a write to a topic they cannot take (an internal one) so too.
+
+    A Produce with acks=0 gets no response to carry that error: as a broker does with an
+    acks=0 Produce it cannot take, the proxy closes the connection (the client sees a
+    disconnect and refreshes its metadata) and forwards nothing of it, not even the
+    partitions of other topics in it.
     """
 
     apis = MappingProxyType({ApiKey.PRODUCE: range(kio_versions(ApiKey.PRODUCE).start,
@@ -160,15 +174,17 @@ class ReplicaProduceFilter(Filter):
         self.replicas = replicas
         self.metrics = metrics
 
+    async def admit(self, ctx: ConnectionContext, client_request: ClientRequest) -> None:
+        refused, by_id, known = await self._replica_topics(ctx, client_request)
+        if refused:
+            names = ", ".join(str(_name(t, by_id, known) or t.topic_id) for t in refused)
+            raise RefusedRequest(f"acks=0 to the read replica topic {names} (client id "
+                                 f"{client_request.header.client_id!r}): it takes no writes, and no response "
+                                 f"would carry INVALID_TOPIC_EXCEPTION, so the connection closes")
+
     async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
         request = client_request.body
-        by_id = request.__version__ >= _PRODUCE_TOPIC_ID_VERSION
-        known = CONNECTION_TOPICS.of(ctx)
-        if by_id:
-            await self.replicas.learn_topic_ids(
-                known, broker_queries(ctx, client_request.header.client_id, self.metrics),
-                [t.topic_id for t in request.topic_data])
-        refused = [t for t in request.topic_data if self.replicas.is_replica(_key(t, by_id), by_id, known)]
+        refused, by_id, known = await self._replica_topics(ctx, client_request)
         if not refused:
             return await call_next(client_request)
         kept = tuple(t for t in request.topic_data if t not in refused)
@@ -182,7 +198,7 @@ class ReplicaProduceFilter(Filter):
             topics.extend(answered.responses)
             throttle = answered.throttle_time
         for topic in refused:
-            name = known.topic_names.get(topic.topic_id) if by_id else topic.name
+            name = _name(topic, by_id, known)
             partitions = tuple(_refused_partition(entities, p.index, name) for p in topic.partition_data)
             topic_fields = {"topic_id": topic.topic_id} if by_id else {"name": topic.name}
             topics.append(make_entity(entities["TopicProduceResponse"], partition_responses=partitions,
@@ -192,9 +208,26 @@ class ReplicaProduceFilter(Filter):
             fields["throttle_time"] = throttle
         return Response.of(make_entity(schema, **fields))
 
+    async def _replica_topics(self, ctx: ConnectionContext, client_request: ClientRequest
+                              ) -> tuple[list[Any], bool, ConnectionTopics]:
+        """The Produce request's topics that are read replicas; whether it names topics by
+        id; the connection's topic names and ids."""
+        request = client_request.body
+        by_id = request.__version__ >= _PRODUCE_TOPIC_ID_VERSION
+        known = CONNECTION_TOPICS.of(ctx)
+        if by_id:
+            await self.replicas.learn_topic_ids(
+                known, broker_queries(ctx, client_request.header.client_id, self.metrics),
+                [t.topic_id for t in request.topic_data])
+        return [t for t in request.topic_data if self.replicas.is_replica(_key(t, by_id), by_id, known)], by_id, known
+
 
 def _key(topic: Any, by_id: bool) -> Any:
     return topic.topic_id if by_id else topic.name
+
+
+def _name(topic: Any, by_id: bool, known: ConnectionTopics) -> str | None:
+    return known.topic_names.get(topic.topic_id) if by_id else topic.name
 
 
 def _refused_partition(entities: Mapping[str, type], index: int, name: str | None) -> Any:

@@ -137,6 +137,18 @@ class RemoteLogMetadataManager(abc.ABC):
     @abc.abstractmethod
     def _is_ready(self, tp: TopicIdPartition) -> bool: ...
 
+    @abc.abstractmethod
+    def is_loaded(self) -> bool:
+        """True once every partition's metadata this manager keeps is loaded: from then on
+        a partition `partitions()` does not name has no remote log (yet), where before it
+        may be one still loading."""
+
+    @property
+    def partitions_version(self) -> int:
+        """Changes whenever a partition appears or its delete state changes (not with its
+        segments): an index of `partitions()` built at one version holds while it stays."""
+        return self._cache.partitions_version
+
     def _ready_cache(self, tp: TopicIdPartition) -> RemoteLogMetadataCache:
         self._check_scope(tp)
         if not self._is_ready(tp):
@@ -205,6 +217,9 @@ class LoadedAtStart(RemoteLogMetadataManager):
         raise NotImplementedError
 
     def _is_ready(self, tp: TopicIdPartition) -> bool:
+        return self.is_loaded()
+
+    def is_loaded(self) -> bool:
         return self._started.is_set() and not self._closed
 
     async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:

@@ -31,6 +31,7 @@ the one added first comes first.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Iterator
@@ -75,6 +76,11 @@ class DuplicateSegment(RemoteLogMetadataError):
     """A segment id added twice."""
 
 
+# Every cache numbers its changes from this one sequence, so that a manager that swaps its
+# cache for a new one (read again from scratch) shows a new `partitions_version` too.
+_VERSIONS = itertools.count(1)
+
+
 class RemoteLogMetadataCache:
     """The state of every partition's remote log, built from metadata records."""
 
@@ -82,6 +88,13 @@ class RemoteLogMetadataCache:
         self._partitions: dict[TopicIdPartition, PartitionState] = {}
         # One topic id and name object per topic, not one per partition (each record decodes its own).
         self._topics: dict[tuple[uuid.UUID, str], tuple[uuid.UUID, str]] = {}
+        self.partitions_version = 0
+        """Changes whenever a partition is added or installed, or its delete state changes
+        (not with its segments): while it stays, `partitions()` and every
+        `partition_delete_state` answer the same."""
+
+    def _changed(self) -> None:
+        self.partitions_version = next(_VERSIONS)
 
     def _partition(self, tp: TopicIdPartition) -> PartitionState:
         p = self._partitions.get(tp)
@@ -89,6 +102,7 @@ class RemoteLogMetadataCache:
             topic_id, topic = self._topics.setdefault((tp.topic_id, tp.topic), (tp.topic_id, tp.topic))
             tp = TopicIdPartition(topic_id, topic, tp.partition)
             p = self._partitions[tp] = PartitionState(tp)
+            self._changed()
         return p
 
     def _row(self, segment_id: RemoteLogSegmentId) -> tuple[PartitionState, int] | tuple[None, None]:
@@ -140,6 +154,7 @@ class RemoteLogMetadataCache:
         p = self._partition(record.topic_id_partition)
         if isinstance(record, RemotePartitionDeleteMetadata):
             p.delete_metadata = record
+            self._changed()
             return
         if record.state == _DELETE_FINISHED:
             return
@@ -158,6 +173,7 @@ class RemoteLogMetadataCache:
             p.transition(row, record.state, record.event_timestamp_ms, record.leader_epoch)
         elif isinstance(record, RemotePartitionDeleteMetadata):
             self._partition(record.topic_id_partition).delete_metadata = record
+            self._changed()
         else:
             self._partition(record.topic_id_partition).truncate(
                 record.truncation_offset, record.leader_epoch, record.event_timestamp_ms)
@@ -173,6 +189,7 @@ class RemoteLogMetadataCache:
     def install(self, state: PartitionState) -> None:
         """Takes a partition's whole state, loaded from a snapshot, in place of what was known."""
         self._partitions[state.tp] = state
+        self._changed()
 
     # ------------------------------------------------------------------ reads
 

@@ -221,6 +221,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         read = range(num_partitions) if self.scope is None else {metadata_partition(tp, num_partitions)
                                                                   for tp in self.scope}
         self._ready: dict[int, asyncio.Event] = {p: asyncio.Event() for p in sorted(read)}
+        self._loaded = False  # every one of them ready
         self._waiters: dict[int, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self._dropped: dict[tuple[int, int], str] = {}  # (partition, offset) of records replay refused
         self._failure: BaseException | None = None
@@ -348,6 +349,7 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._fail_waiters(RemoteLogMetadataError(f"{self.topic} metadata manager closed"))
         for event in self._ready.values():
             event.clear()
+        self._loaded = False
 
     # ------------------------------------------------------------------ consuming
 
@@ -525,6 +527,11 @@ class TopicRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     def _is_ready(self, tp: TopicIdPartition) -> bool:
         return self._ready[self.metadata_partition(tp)].is_set()
+
+    def is_loaded(self) -> bool:
+        if not self._loaded:  # once caught up, a metadata partition stays so until closed
+            self._loaded = all(ready.is_set() for ready in self._ready.values())
+        return self._loaded
 
     async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
         self._check_scope(tp)

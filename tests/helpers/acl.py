@@ -18,6 +18,8 @@ from testbed.kafka import KafkaCluster
 from tierproxy.client.connection import KafkaConnection
 from tierproxy.config.addresses import parse_host_port
 from tierproxy.protocol.apis import ErrorCode
+from tierproxy.protocol.codecs import encode_request
+from tierproxy.protocol.framing import encode_frame
 
 
 def grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str, *operations: AclOperation) -> None:
@@ -35,6 +37,12 @@ async def authenticated(address: str, user: str) -> KafkaConnection:
     answer = await conn.request(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{SASL_USERS[user]}".encode()))
     assert answer.error_code == ErrorCode.none, answer
     return conn
+
+
+def send_unanswered(conn: KafkaConnection, request: Any) -> None:
+    """Write a request that gets no response (a Produce with acks=0) on `conn`: its
+    `request` would wait for one, so the frame goes to its writer directly."""
+    conn._writer.writelines(encode_frame(encode_request(request, 2**31 - 1, "unanswered")))
 
 
 def fetch_at(topic: str, offset: int, partition_index: int = 0) -> fetch12.FetchRequest:

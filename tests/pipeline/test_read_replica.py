@@ -6,8 +6,8 @@ both on one S3 bucket.
 partition count. alice may read it, carol only describe it, dave write it. alice replays
 it exactly from offset 0 with the origin running and again, in a consumer group, after
 the origin's broker is killed; a consumer at the end sees new segments the origin tiers;
-dave's Produce is refused (INVALID_TOPIC_EXCEPTION) and nothing lands on the replica
-cluster; carol gets TOPIC_AUTHORIZATION_FAILED and no bytes.
+dave's Produce is refused (INVALID_TOPIC_EXCEPTION; with acks=0 his connection is closed)
+and nothing lands on the replica cluster; carol gets TOPIC_AUTHORIZATION_FAILED and no bytes.
 
 The remote log metadata is one fixture (`metadata`): the replica reads the origin pipeline's
 own file store, or (`remote`) what the pipeline publishes into the bucket.
@@ -34,16 +34,20 @@ from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.list_offsets.v9 import request as list_offsets9
 from kio.schema.offset_for_leader_epoch.v4 import request as epoch4
 from kio.schema.produce.v9 import request as produce9
-from confluent_kafka.admin import AclOperation, ResourceType
+from kio.schema.produce.v13 import request as produce13
+from confluent_kafka.admin import AclOperation, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from testbed.fixtures import SASL_USERS, _test_broker_config
 from testbed.kafka import KafkaCluster
 from tierproxy.cli import main
 from tierproxy.client.cluster import Cluster
+from tierproxy.client.connection import KafkaConnectionError
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
-from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
+from tierproxy.protocol.requests import metadata_request
+from tierproxy.replica import REPLICA_TOPIC_CONFIG
+from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant, send_unanswered
 from tests.helpers.batches import batch
 from tests.helpers.commands import write_properties
 from tests.helpers.consume import record_keys
@@ -51,6 +55,7 @@ from tests.helpers.proxy import ProxyThread, proxy_config, running
 from tests.helpers.read_replica import Origin, replay, sasl
 from tests.helpers.read_replica import replica_settings as replica_settings_of
 from tests.helpers.tiered import plaintext_bootstrap
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -198,6 +203,58 @@ async def test_a_produce_with_another_topic_too_writes_only_that_one(origin, rep
     assert answers[origin.topic].error_code == ErrorCode.invalid_topic_exception
     assert answers[origin.topic].error_message == f"{origin.topic} is a read replica of a remote log: it takes no writes"
     assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+async def test_a_produce_with_acks_0_closes_its_connection_and_never_lands(origin, replica, sasl_kafka):
+    """acks=0 gets no response to carry INVALID_TOPIC_EXCEPTION: the proxy closes the
+    connection (as a broker does) and forwards nothing, by name (aiokafka) and by topic id
+    (Produce v13). The topic here lacks `replica create`'s max.message.bytes=0 (one made by
+    hand), so only the proxy keeps the writes out. Other connections go on."""
+    async with Cluster(plaintext_bootstrap(sasl_kafka).split(",")) as admin:
+        topic_id = (await admin.topics([origin.topic]))[origin.topic].topic_id
+    _topic_config(sasl_kafka, origin.topic, "max.message.bytes", None)
+    closed = replica.metrics.value("tierproxy_connections_closed_total", {"reason": "refused"})
+    try:
+        producer = AIOKafkaProducer(bootstrap_servers=replica.bootstrap_servers, acks=0, **sasl("dave"))
+        await producer.start()
+        try:
+            await producer.send_and_wait(origin.topic, b"never", partition=0)
+            await wait_until(lambda: replica.metrics.value("tierproxy_connections_closed_total",
+                                                           {"reason": "refused"}) > closed,
+                             30, "the connection of an acks=0 Produce to a replica topic closed")
+        finally:
+            await producer.stop()
+        conn = await authenticated(replica.bootstrap_servers, "dave")
+        try:
+            send_unanswered(conn, produce13.ProduceRequest(
+                transactional_id=None, acks=i16(0), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+                topic_data=(produce13.TopicProduceData(topic_id=topic_id, partition_data=(
+                    produce13.PartitionProduceData(index=i32(1), records=batch(0, 3)),)),)))
+            with pytest.raises(KafkaConnectionError):
+                await conn.request(metadata_request(()))
+        finally:
+            await conn.close()
+        assert replica.metrics.value("tierproxy_connections_closed_total", {"reason": "refused"}) == closed + 2
+        # Another connection is served as before.
+        conn = await authenticated(replica.bootstrap_servers, "alice")
+        try:
+            (answer,) = (await conn.request(fetch_at(origin.topic, 0))).responses[0].partitions
+        finally:
+            await conn.close()
+        assert answer.error_code == ErrorCode.none
+        assert next(iter_batches(answer.records)).base_offset == 0
+    finally:
+        _topic_config(sasl_kafka, origin.topic, "max.message.bytes", REPLICA_TOPIC_CONFIG["max.message.bytes"])
+    assert await _replica_end_offsets(sasl_kafka, origin.topic) == {p: 0 for p in range(PARTITIONS)}
+
+
+def _topic_config(cluster: KafkaCluster, topic: str, key: str, value: str | None) -> None:
+    """Set a topic's config key on `cluster`, or (None) remove it."""
+    entry = ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET if value is not None
+                        else AlterConfigOpType.DELETE)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    for future in cluster.admin().incremental_alter_configs([resource]).values():
+        future.result(30)
 
 
 async def test_without_read_carol_gets_topic_authorization_failed_and_no_bytes(origin, replica):

@@ -337,3 +337,22 @@ async def test_a_filters_state_is_made_per_connection_by_its_factory_and_seen_by
     # The tiered filters' states likewise: the topics a connection learned are its own.
     assert CONNECTION_TOPICS.of(first) is CONNECTION_TOPICS.of(first) is not CONNECTION_TOPICS.of(second)
     assert FetchConnectionState.of_connection(first).topics is CONNECTION_TOPICS.of(first)
+
+
+def test_a_request_that_gets_no_response_meets_only_the_filters_that_admit_it():
+    """A Produce with acks=0 meets no chain: without a filter overriding `admit` (a proxy
+    without read replica topics) it is forwarded at once, never decoded."""
+
+    class Admitting(Filter):
+        apis = {ApiKey.PRODUCE: range(3, 14)}
+
+        async def admit(self, ctx: ConnectionContext, request: ClientRequest) -> None:
+            pass
+
+    plain = FilterChains([BrokerAddressFilter(), ApiVersionsFilter()])
+    assert plain.chain(ApiKey.PRODUCE, 12)  # the address filter rewrites Produce responses
+    assert plain.admitting(ApiKey.PRODUCE, 12) == ()
+    admitting = Admitting()
+    filters = FilterChains([BrokerAddressFilter(), admitting])
+    assert filters.admitting(ApiKey.PRODUCE, 12) == (admitting,)
+    assert filters.admitting(ApiKey.PRODUCE, 2) == ()
