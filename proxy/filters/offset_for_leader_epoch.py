@@ -17,6 +17,7 @@ proxy's.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from types import MappingProxyType
 from typing import Any
 
@@ -25,6 +26,7 @@ from kio.static.primitive import i32, i64
 from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.codecs import INTERCEPTED
 from tierproxy.storage.errors import MetadataNotReady
+from tierproxy.storage.model import TopicIdPartition
 
 from ..tiered import RemoteTier
 from .chain import CallNext, Filter
@@ -64,12 +66,14 @@ class OffsetForLeaderEpochFilter(Filter):
         requested = asked.get((topic, broker.partition))
         if broker.error_code != ErrorCode.none or requested is None:
             return broker
-        tp = self.replicas.origin_partition(topic, broker.partition)
-        if tp is None:  # nothing tiered yet: no epoch is known, as on an empty broker
-            return dataclasses.replace(broker, leader_epoch=i32(-1), end_offset=i64(-1))
+        tp: TopicIdPartition | None = None
         try:
+            tp = self.replicas.origin_partition(topic, broker.partition)
+            if tp is None:  # nothing tiered yet: no epoch is known, as on an empty broker
+                return dataclasses.replace(broker, leader_epoch=i32(-1), end_offset=i64(-1))
             epoch, end_offset = self.replicas.rlmm.end_offset_for_epoch(tp, requested)
         except MetadataNotReady as e:  # REPLICA_NOT_AVAILABLE: the consumer asks again
-            return dataclasses.replace(broker, error_code=self.tier.error_code_for(tp, e, _API),
-                                       leader_epoch=i32(-1), end_offset=i64(-1))
+            # This API names topics only: the log line and the count need no id.
+            code = self.tier.error_code_for(tp or TopicIdPartition(uuid.UUID(int=0), topic, broker.partition), e, _API)
+            return dataclasses.replace(broker, error_code=code, leader_epoch=i32(-1), end_offset=i64(-1))
         return dataclasses.replace(broker, leader_epoch=i32(epoch), end_offset=i64(end_offset))
