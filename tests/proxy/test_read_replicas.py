@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from kio.schema.list_offsets.v9 import response as list_offsets9
+from kio.schema.offset_for_leader_epoch.v4 import request as epoch4_request
+from kio.schema.offset_for_leader_epoch.v4 import response as epoch4_response
 from kio.static.primitive import i32, i64
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +22,7 @@ from tierproxy.protocol.headers import peek_request_header
 from tierproxy.protocol.requests import list_offsets_request
 from tierproxy.proxy.filters import ClientRequest, ConnectionContext, FilterChains, ProxyServices, run_chain
 from tierproxy.proxy.filters.list_offsets import ListOffsetsFilter
+from tierproxy.proxy.filters.offset_for_leader_epoch import OffsetForLeaderEpochFilter
 from tierproxy.proxy.filters.replica import ReadReplicas
 from tierproxy.proxy.tiered import RemoteTier
 from tierproxy.storage.errors import MetadataNotReady
@@ -167,5 +170,46 @@ async def test_list_offsets_of_a_replica_partition_still_loading_is_replica_not_
         rlmm.tier(origin(1))
         rlmm.loaded = True
         assert await latest() == (ErrorCode.none, 10)
+    finally:
+        await tier.engine.close()
+
+
+async def test_offset_for_leader_epoch_of_a_replica_partition_still_loading_is_replica_not_available(tmp_path):
+    """Not the empty topic's end offset (a consumer would see truncation and reset): the
+    retriable error while the origin's partition is not known yet; once loaded, the end
+    offset of the asked epoch in the remote log."""
+    rlmm = LoadingMetadata()
+    config = parse({"bootstrap.servers": "127.0.0.1:9092", f"topic.{TOPIC}.remote.log.read.replica": "true"})
+    tier = RemoteTier(config, rsm=LocalRemoteStorageManager(tmp_path), rlmm=rlmm, registry=CollectorRegistry())
+    replicas = ReadReplicas.of(tier)
+    filters = FilterChains([OffsetForLeaderEpochFilter(tier, replicas)])
+
+    async def forward(frame_body: Any) -> memoryview:  # the replica cluster's empty topic
+        return memoryview(encode_payload(epoch4_response.OffsetForLeaderEpochResponse(
+            throttle_time=datetime.timedelta(0), topics=(epoch4_response.OffsetForLeaderTopicResult(
+                topic=TOPIC, partitions=(epoch4_response.EpochEndOffset(
+                    error_code=ErrorCode.none, partition=i32(1), leader_epoch=i32(0), end_offset=i64(0)),)),))))
+
+    services = ProxyServices(config=config, metrics=None, nodes=None, filters=filters)  # type: ignore[arg-type]
+    ctx = ConnectionContext(peer="127.0.0.1:5000", node_id=None, broker=("broker", 9092), services=services,
+                            forward=forward)
+    request = epoch4_request.OffsetForLeaderEpochRequest(
+        replica_id=i32(-1), topics=(epoch4_request.OffsetForLeaderTopic(topic=TOPIC, partitions=(
+            epoch4_request.OffsetForLeaderPartition(partition=i32(1), current_leader_epoch=i32(0),
+                                                    leader_epoch=i32(0)),)),))
+
+    async def end_of_epoch_0() -> tuple[int, int, int]:
+        body = memoryview(encode_request(request, 7, "client"))
+        response = await run_chain(filters.chain(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4), ctx,
+                                   ClientRequest(peek_request_header(body), body))
+        (answer,) = response.body.topics[0].partitions
+        return answer.error_code, answer.leader_epoch, answer.end_offset
+
+    try:
+        rlmm.tier(origin(0))
+        assert await end_of_epoch_0() == (ErrorCode.replica_not_available, -1, -1)
+        rlmm.tier(origin(1))
+        rlmm.loaded = True
+        assert await end_of_epoch_0() == (ErrorCode.none, 0, 10)
     finally:
         await tier.engine.close()
