@@ -64,6 +64,7 @@ class RemoteTier:
         self._failures_log = ThrottledLog(log)
 
     async def start(self) -> None:
+        await self.rsm.start()
         await self.rlmm.start()
         await self.engine.start()
         if self.rlmm.needs_refresh:

@@ -180,6 +180,10 @@ class RemoteStorageManager(abc.ABC):
     async def delete_partition(self, topic_id_partition: TopicIdPartition) -> None:
         """Remove every object of the partition (partition removal); idempotent."""
 
+    async def start(self) -> None:
+        """Work a first read would do otherwise (a client made, its models loaded), done
+        before serving; it reaches no store, so a store that is down does not stop a start."""
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

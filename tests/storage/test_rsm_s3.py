@@ -12,6 +12,7 @@ import aiohttp
 import crc32c
 import pytest
 import pytest_asyncio
+from aiobotocore.session import AioSession
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
 import tierproxy.storage.rsm
@@ -162,6 +163,29 @@ async def test_unreachable_store_fails_retriably_after_the_configured_attempts(
     assert type(raised.value) is RemoteStorageError
     assert "attempt 3 of 3" in str(raised.value)
     assert isinstance(raised.value.__cause__, EndpointConnectionError)
+
+
+async def test_start_makes_the_client_even_with_the_store_down_and_reads_make_none(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client (botocore's models and endpoint rules) is made before serving, not on
+    the first read; a store that is down does not stop a start."""
+    made = []
+    create_client = AioSession.create_client
+
+    def counted(self, *args, **kwargs):
+        made.append(args)
+        return create_client(self, *args, **kwargs)
+
+    monkeypatch.setattr(AioSession, "create_client", counted)
+    segment = make_segment(tmp_path, log_size=1000)
+    dead_endpoint = f"http://{LOOPBACK}:{free_port()}"
+    async with manager(s3_server, endpoint_url=dead_endpoint, max_attempts=1) as rsm:
+        await rsm.start()
+        assert len(made) == 1
+        with pytest.raises(RemoteStorageError):
+            await rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        assert len(made) == 1
 
 
 class _Relay:
