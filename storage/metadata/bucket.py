@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
-from ..errors import RemoteLogMetadataError, RemoteResourceNotFound
+from ..errors import RemoteLogMetadataError, RemoteResourceNotFound, RemoteStorageError
 from ..model import TopicIdPartition
 from . import LoadedAtStart
 from .cache import RemoteLogMetadataCache
@@ -273,10 +273,18 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
         return self.head.published_ms if self.head else None
 
     async def start(self) -> None:
-        if self._started.is_set():
+        """Loads what is published. A store that cannot be reached now (a retriable error)
+        does not stop a start: the metadata is not ready (REPLICA_NOT_AVAILABLE to clients)
+        until a refresh, every `refresh_interval_ms`, reads it; any other error does."""
+        if self._follower is not None:
             return
-        await self.refresh()
-        self._started.set()
+        try:
+            await self.refresh()
+        except RemoteStorageError as e:
+            if not e.retriable:
+                raise
+            log.warning("remote log metadata in %s cannot be read yet, its partitions are not ready until it "
+                        "is (read again every %d ms): %s", self.bucket.key(HEAD), self.refresh_interval_ms, e)
         self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def _follow(self) -> None:
@@ -294,9 +302,12 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
             for attempt in range(_HEAD_ATTEMPTS):
                 head = await self.bucket.head()
                 if head is None or (self.head is not None and head.generation == self.head.generation):
+                    self._started.set()
                     return 0
                 try:
-                    return await self._apply(head)
+                    changed = await self._apply(head)
+                    self._started.set()
+                    return changed
                 except RemoteResourceNotFound:
                     if attempt + 1 == _HEAD_ATTEMPTS:
                         raise

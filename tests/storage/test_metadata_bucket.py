@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
+from tierproxy.storage.errors import MetadataNotReady, RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata.bucket import (
     FOLDER,
     HEAD,
     MAX_CHANGE_OBJECTS,
+    BucketMetadata,
     BucketRemoteLogMetadataManager,
     publish,
 )
@@ -159,3 +160,41 @@ async def test_a_store_without_published_metadata_is_empty_until_it_is_published
     await publish(rsm, primary.partition_states())
     await follower.refresh()
     assert state_of(follower) == state_of(primary)
+
+
+async def test_a_store_that_cannot_be_reached_at_start_is_read_once_it_can(rsm, primary, monkeypatch):
+    """A proxy in front of a replica cluster starts (and forwards everything else) while
+    the store is down: its partitions are not ready until a refresh reads them."""
+    await history(primary)
+    await publish(rsm, primary.partition_states())
+    down = [True]
+    head = BucketMetadata.head
+
+    async def unreachable(self):
+        if down[0]:
+            raise RemoteStorageError("connection refused", retriable=True)
+        return await head(self)
+
+    monkeypatch.setattr(BucketMetadata, "head", unreachable)
+    follower = BucketRemoteLogMetadataManager(rsm, refresh_interval_ms=50)
+    try:
+        await follower.start()
+        assert not follower.is_loaded()
+        with pytest.raises(MetadataNotReady):
+            await follower.wait_until_ready(TPS[0], 0.2)
+        down[0] = False
+        await follower.wait_until_ready(TPS[0], 10)
+        assert state_of(follower) == state_of(primary)
+    finally:
+        await follower.close()
+
+
+async def test_a_store_that_refuses_the_read_stops_the_start(rsm, monkeypatch):
+    async def refused(self):
+        raise RemoteStorageError("NoSuchBucket", retriable=False)
+
+    monkeypatch.setattr(BucketMetadata, "head", refused)
+    follower = BucketRemoteLogMetadataManager(rsm, refresh_interval_ms=50)
+    with pytest.raises(RemoteStorageError, match="NoSuchBucket"):
+        await follower.start()
+    await follower.close()
