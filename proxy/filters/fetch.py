@@ -141,6 +141,17 @@ class _Remote:
         self.replica = replica
 
 
+def _answers_error(remote: list[_Remote]) -> bool:
+    """Whether a remote partition answers an error: Kafka answers a Fetch at once then,
+    whatever min_bytes and max_wait_ms ask (an expired read is empty, not an error)."""
+    for entry in remote:
+        outcome = entry.outcome
+        if entry.error is not None or (outcome is not None and (
+                outcome.error is not None or (outcome.value is not None and outcome.value.offset_out_of_range))):
+            return True
+    return False
+
+
 class FetchFilter(Filter):
     apis = MappingProxyType({ApiKey.FETCH: INTERCEPTED[ApiKey.FETCH]})
 
@@ -250,7 +261,7 @@ class FetchFilter(Filter):
             remote += await self._out_of_range(request, scan, by_id, state, queries) or []
         used = scan.records_size if scan is not None else 0
         remote_bytes = await self._read(remote, request, used, state)
-        if broker_request is not None and used + remote_bytes < request.min_bytes:
+        if broker_request is not None and used + remote_bytes < request.min_bytes and not _answers_error(remote):
             waited = await self._await_min_bytes(request, broker_request, client_request, call_next, started,
                                                  remote_bytes)
             if waited is not None:
@@ -277,7 +288,7 @@ class FetchFilter(Filter):
         """The broker answers a replica partition at once, so with nothing to answer the
         Fetch waits what is left of its max_wait_ms here, as a broker parks a fetch at the
         log end: a consumer at the end of a replica does not spin."""
-        if available or not any(entry.replica for entry in remote):
+        if available or not any(entry.replica for entry in remote) or _answers_error(remote):
             return
         left = request.max_wait.total_seconds() - (time.monotonic() - started)
         if left > 0:

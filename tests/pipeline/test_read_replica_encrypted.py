@@ -17,6 +17,8 @@ and the proxy reach a SASL_SSL-only cluster with tierproxy's security keys.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import json
 import uuid
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AclOperation, ResourceType
 from kio.schema.list_offsets.v9 import request as list_offsets9
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from testbed.fixtures import _test_broker_config
 from testbed.kafka import KafkaCluster
@@ -121,6 +123,7 @@ async def _replays_exactly(proxy: ProxyThread, origin: Origin) -> None:
     assert await replay(proxy, origin.topic, PARTITIONS, len(origin.records)) == record_keys(origin.records)
 
 
+_PATIENT = datetime.timedelta(seconds=30)
 _NOT_YET = (ErrorCode.replica_not_available, ErrorCode.leader_not_available,
             ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition)
 
@@ -144,6 +147,13 @@ async def _refused(proxy: ProxyThread, origin: Origin, cause: Cause) -> None:
                 await asyncio.sleep(0.2)
             assert (answer.partition_index, answer.error_code, bytes(answer.records or b"")) == \
                 (partition, ErrorCode.unknown_server_error, b"")
+        # Kafka answers an error at once: a Fetch that would wait 30 s for a byte is not held.
+        patient = dataclasses.replace(fetch_at(origin.topic, 0), max_wait=i32Timedelta.parse(_PATIENT))
+        started = asyncio.get_running_loop().time()
+        response = await conn.request(patient)
+        held = asyncio.get_running_loop().time() - started
+        assert response.responses[0].partitions[0].error_code == ErrorCode.unknown_server_error
+        assert held < _PATIENT.total_seconds() / 2, held
     finally:
         await conn.close()
     labels = {"topic": origin.topic, "cause": cause.value}
