@@ -345,7 +345,8 @@ REMOTE_LOG_STORAGE_ENCRYPTION_ACTIVE_KEY = _define("remote.log.storage.encryptio
 REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED = _define("remote.log.storage.encryption.required", bool, False,
         "Refuse to read a segment stored unencrypted (its manifest says so), as if it were corrupt: set it "
         "once every segment is encrypted (`tierproxy status` tells), so that a manifest replaced by one "
-        "without encryption serves nothing. Needs remote.log.storage.encryption.active.key.",
+        "without encryption serves nothing. Needs remote.log.storage.encryption.active.key, unless the "
+        "proxy only serves read replicas (it writes no segment).",
         "remote storage encryption")
 
 # Remote log metadata
@@ -746,23 +747,26 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
         raise ConfigError("remote.log.manager.task.retry.backoff.max.ms must be >= "
                           "remote.log.manager.task.retry.backoff.ms")
     _check_security(values)
-    _check_encryption(values)
     try:
         broker_ports.check(values)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
+    _check_encryption(values, topics)
     return Config(values=values, topics=topics, source=source)
 
 
-def _check_encryption(values: Mapping[str, Any]) -> None:
+def _check_encryption(values: Mapping[str, Any], topics: Mapping[str, TopicConfig]) -> None:
     active = values["remote.log.storage.encryption.active.key"]
     ids = list(key_files(values["remote.log.storage.encryption.keys"]))
     if active and active not in ids:
         listed = ", ".join(ids) if ids else "no key"
         raise ConfigError(f"remote.log.storage.encryption.active.key={active}: not a key of "
                           f"remote.log.storage.encryption.keys (it lists {listed})")
-    if values["remote.log.storage.encryption.required"] and not active:
+    # A proxy that serves read replicas and tiers nothing writes no segment: no active key.
+    reads_only = any(t.remote_log_read_replica for t in topics.values()) and not any(
+        t.remote_storage_enable for t in topics.values())
+    if values["remote.log.storage.encryption.required"] and not active and not reads_only:
         raise ConfigError("remote.log.storage.encryption.required=true needs "
                           "remote.log.storage.encryption.active.key: new segments would be refused when read")
     if values["remote.log.storage.s3.sse.kms.key.id"] and values["remote.log.storage.s3.sse"] != "aws:kms":

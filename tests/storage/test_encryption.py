@@ -190,3 +190,13 @@ def test_ranged_open_of_any_range_in_pieces_of_any_size(size, data):
     out = asyncio.run(read())
     assert b"".join(out) == content[start:last + 1]
     assert all(len(p) <= CHUNK for p in out)
+
+
+def test_a_proxy_serving_only_read_replicas_requires_encryption_without_an_active_key(tmp_path):
+    """It writes no segment; a configuration that also tiers a topic still needs the key."""
+    replica = {"bootstrap.servers": "b:9092", "remote.log.storage.encryption.keys": f"k1:{key_file(tmp_path, 'k1')}",
+               "remote.log.storage.encryption.required": "true", "topic.orders.remote.log.read.replica": "true"}
+    ring_ = KeyRing.from_config(parse(replica).values)
+    assert ring_.required and ring_.active is None and "k1" in ring_.keys
+    with pytest.raises(ConfigError, match="encryption.required=true needs remote.log.storage.encryption.active.key"):
+        parse({**replica, "topic.payments.remote.storage.enable": "true"})
