@@ -154,6 +154,7 @@ class Report:
     # remote.log.metadata.backend=remote: seconds since the metadata read was published
     # (None when nothing was published yet, or with another backend).
     metadata_published_seconds_ago: float | None = None
+    replica_topics: frozenset[str] = frozenset()  # topic.<name>.remote.log.read.replica=true
 
     @property
     def ok(self) -> bool:
@@ -196,12 +197,20 @@ async def _metadata_manager(config: Config, stack: AsyncExitStack, cluster: Clus
     return await stack.enter_async_context(remote_log_metadata_manager(values, read_only=True))
 
 
-def _remote_partition(replicas: ReadReplicas | None, tp: TopicIdPartition) -> TopicIdPartition:
+async def _remote_partition(replicas: ReadReplicas | None, tp: TopicIdPartition, timeout: float) -> TopicIdPartition:
     """The partition in the remote log metadata: a read replica's is the origin's (another
-    topic id), this cluster's partition when nothing of it is tiered yet."""
+    topic id, known once the metadata has loaded: waited for up to `timeout`), this
+    cluster's partition when nothing of it is tiered yet."""
     if replicas is None or tp.topic not in replicas:
         return tp
-    return replicas.origin_partition(tp.topic, tp.partition) or tp
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return replicas.origin_partition(tp.topic, tp.partition) or tp
+        except MetadataNotReady:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
@@ -301,6 +310,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
     objects come last (`rsm`, by default the configuration's); `verify` checks each
     object's CRC-32C too."""
     wanted = [t.name for t in config.tiered_topics + config.read_replica_topics]
+    replica_names = frozenset(t.name for t in config.read_replica_topics)
     async with AsyncExitStack() as stack:
         rsm = await stack.enter_async_context(rsm if rsm is not None else remote_storage_manager(config))
         cluster = await stack.enter_async_context(Cluster.from_config(config, client_id="tierproxy-status"))
@@ -308,11 +318,12 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         missing = [name for name in wanted if name not in topics]
         tps = [(name, p) for name in wanted if name in topics for p in sorted(topics[name].partitions)]
         if not tps:
-            return Report([], missing, _key_usage(config, []))
+            return Report([], missing, _key_usage(config, []), replica_topics=replica_names)
         earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
         rlmm = await _metadata_manager(config, stack, cluster)
         replicas = ReadReplicas((t.name for t in config.read_replica_topics), rlmm) if rlmm else None
-        ids = {tp: _remote_partition(replicas, TopicIdPartition(topics[tp[0]].topic_id, *tp)) for tp in tps}
+        ids = {tp: await _remote_partition(replicas, TopicIdPartition(topics[tp[0]].topic_id, *tp), timeout)
+               for tp in tps}
         if rlmm is not None:
             for tid in ids.values():
                 await rlmm.wait_until_ready(tid, timeout)
@@ -339,7 +350,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,
             keys, warnings,
         ))
-    return Report(partitions, missing, _key_usage(config, partitions), published_ago)
+    return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names)
 
 
 def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
@@ -383,7 +394,11 @@ def format_table(report: Report) -> str:
 
 def report_problems(report: Report, err: TextIO) -> None:
     for name in report.missing_topics:
-        print(f"tierproxy status: tiered topic {name} does not exist in the cluster", file=err)
+        if name in report.replica_topics:
+            print(f"tierproxy status: read replica topic {name} does not exist in the cluster: "
+                  "`tierproxy replica create` creates it", file=err)
+        else:
+            print(f"tierproxy status: tiered topic {name} does not exist in the cluster", file=err)
     for p in report.partitions:
         for problem in p.problems:
             print(f"tierproxy status: {p.name}: {problem}", file=err)

@@ -303,3 +303,12 @@ async def test_with_the_remote_backend_status_reads_the_published_metadata_and_s
     assert report["metadata_published_seconds_ago"] >= 0
     text = _status(replica)
     assert "Remote log metadata published into the remote store" in text.stdout
+
+
+def test_a_missing_read_replica_topic_says_how_to_create_it(kafka_cluster, tmp_path):
+    properties = _write_properties(tmp_path / "replica.properties", kafka_cluster.bootstrap_servers, tmp_path, [],
+                                   **{"topic.no-such-replica.remote.log.read.replica": "true"})
+    result = _status(properties, "--json")
+    assert json.loads(result.stdout)["missing_topics"] == ["no-such-replica"]
+    assert ("read replica topic no-such-replica does not exist in the cluster: `tierproxy replica create` creates it"
+            in result.stderr), result.stderr
