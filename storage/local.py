@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from .errors import RemoteResourceNotFound, RemoteStorageError
@@ -70,11 +70,12 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int,
-                          into: memoryview | None = None) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
+                          into: Sequence[memoryview] = ()) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         with _storage_errors(key):
             fd = await asyncio.to_thread(os.open, self.path_of(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            yield os.fstat(fd).st_size, self._pread_chunks(key, fd, first, last, into)
+            # Into one buffer only: runs are read buffer by buffer here (`reads_runs`).
+            yield os.fstat(fd).st_size, self._pread_chunks(key, fd, first, last, into[0] if len(into) == 1 else None)
         finally:
             os.close(fd)
 

@@ -36,7 +36,7 @@ import base64
 import enum
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -121,6 +121,11 @@ class RemoteStorageManager(abc.ABC):
     underlying store escapes raw.
     """
 
+    #: Whether `read_log_run` reads a run of buffers with one request: a store whose every
+    #: request costs more than a few MiB of its bytes (HTTP). Otherwise a reader gains
+    #: nothing from runs and reads chunks each on its own, side by side.
+    reads_runs = False
+
     @abc.abstractmethod
     async def copy_log_segment_data(self, metadata: RemoteLogSegmentMetadata, segment_data: LogSegmentData) -> None:
         """Upload the segment's files, then its manifest. A retried copy overwrites."""
@@ -145,6 +150,20 @@ class RemoteStorageManager(abc.ABC):
         """
         stream = self.fetch_log_segment(metadata, start_position, start_position + len(buffer) - 1)
         await _fill(buffer, stream, metadata, start_position)
+
+    async def read_log_run(self, metadata: RemoteLogSegmentMetadata, start_position: int,
+                           buffers: Sequence[memoryview]) -> AsyncGenerator[memoryview, None]:
+        """Fill `buffers` with consecutive `.log` bytes from `start_position` on, each as
+        `read_log_into` fills one, yielding each buffer as soon as it is filled and checked.
+
+        An error is about the buffer being filled (CorruptRangeRead telling how much of it
+        is checked); the buffers yielded before it are good. A store whose every read is a
+        request (an object store) reads the run with one; this default reads each alone.
+        """
+        for buffer in buffers:
+            await self.read_log_into(metadata, start_position, buffer)
+            yield buffer
+            start_position += len(buffer)
 
     @abc.abstractmethod
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
@@ -272,14 +291,14 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     @abc.abstractmethod
     def _open_range(
-        self, key: str, first: int, last: int, into: memoryview | None = None
+        self, key: str, first: int, last: int, into: Sequence[memoryview] = ()
     ) -> AbstractAsyncContextManager[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         """Open bytes [first, last] of an object (inclusive, last < its size).
 
         Yields the object's total size and an iterator over the range's chunks;
         leaving the context releases the file or connection. A backend that can read
-        straight into `into` (as long as the range) yields views of it, in order;
-        one that cannot ignores it.
+        straight into `into` (buffers as long as the range together, filled in turn)
+        yields views of them, in order, none across two; one that cannot ignores it.
         """
 
     @abc.abstractmethod
@@ -375,17 +394,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         delivered = 0
         scratch: bytearray | None = None
         try:
-            # Encrypted, the range grows to whole chunks, each opened before any of its bytes
-            # is yielded. With block checksums it grows to whole blocks, each checked likewise;
-            # without (older manifests) it gets the size check only.
             sealed = self._object_cipher(manifest, metadata, ObjectType.LOG)
-            block = entry.block_bytes if entry.blocks else 0
-            if sealed is not None:
-                first, stop = sealed.stored_range(start, last)
-            elif block:
-                first, stop = start // block * block, min(size, (last // block + 1) * block)
-            else:
-                first, stop = start, last + 1
+            first, stop = _stored_span(entry, sealed, start, last)
             stored_size = manifest.stored_size(entry)
             # Straight into the caller's buffer when the stored bytes are the range itself;
             # encrypted, into a reused one, each chunk then decrypted into the caller's.
@@ -395,20 +405,11 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             else:
                 target = into if sealed is None and first == start and stop == last + 1 else None
             started = time.monotonic()
-            async with self._open_range(key, first, stop - 1, target) as (object_size, chunks):
+            async with self._open_range(key, first, stop - 1, [target] if target is not None else ()) as (object_size, chunks):
                 opened = time.monotonic()  # the response's head: its first byte
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
-                if target is not None:
-                    # Whole blocks (or sealed chunks) at a time, so that none is split between
-                    # two pieces and copied together to be checked or opened.
-                    step = sealed.chunk_bytes + TAG_BYTES if sealed is not None else block or 1
-                    chunks = _in_place(chunks, target, step, key)
-                if sealed is not None:
-                    chunks = sealed.open_range(chunks, start, last, key, into)
-                elif block:
-                    chunks = _verified_blocks(chunks, key, entry, first, start, last)
-                async for chunk in chunks:
+                async for chunk in _checked(chunks, key, entry, sealed, first, start, last, target, into):
                     delivered += len(chunk)
                     yield chunk
             if delivered != last - start + 1:
@@ -417,6 +418,49 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                 self._observe_range_read(opened - started, time.monotonic() - opened, stop - first)
         except (RemoteResourceNotFound, CorruptRemoteSegment):
             self._forget(metadata)  # the next call looks at the store again
+            raise
+        finally:
+            if scratch is not None and len(self._sealed_buffers) < _SEALED_BUFFERS_KEPT:
+                self._sealed_buffers.append(scratch)
+
+    async def read_log_run(self, metadata: RemoteLogSegmentMetadata, start_position: int,
+                           buffers: Sequence[memoryview]) -> AsyncGenerator[memoryview, None]:
+        manifest = await self._manifest(metadata)
+        entry = _entry(manifest, metadata, ObjectType.LOG)
+        sealed = self._object_cipher(manifest, metadata, ObjectType.LOG)
+        starts = [start_position + sum(len(b) for b in buffers[:i]) for i in range(len(buffers))]
+        spans = [_stored_span(entry, sealed, start, start + len(b) - 1) for start, b in zip(starts, buffers)]
+        # One request when the buffers' stored spans follow each other and each is its
+        # buffer's range or (encrypted) whole sealed chunks; else one read per buffer.
+        if not self.reads_runs or len(buffers) < 2 or starts[-1] + len(buffers[-1]) > entry.size \
+                or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) \
+                or (sealed is None and any(first != start or stop - first != len(b)
+                                           for (first, stop), start, b in zip(spans, starts, buffers))):
+            async for buffer in super().read_log_run(metadata, start_position, buffers):
+                yield buffer
+            return
+        key = self._key(metadata, ObjectType.LOG)
+        first, stop = spans[0][0], spans[-1][1]
+        scratch = self._sealed_buffer(stop - first) if sealed is not None else None
+        targets = ([memoryview(scratch)[a - first:b - first] for a, b in spans] if scratch is not None
+                   else list(buffers))
+        try:
+            started = time.monotonic()
+            async with self._open_range(key, first, stop - 1, targets) as (object_size, chunks), \
+                    contextlib.aclosing(chunks):
+                opened = time.monotonic()  # the response's head: its first byte
+                if object_size != manifest.stored_size(entry):
+                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {manifest.stored_size(entry)}")
+                pieces = _Pieces(chunks)
+                for buffer, target, start, (span_first, span_stop) in zip(buffers, targets, starts, spans):
+                    last = start + len(buffer) - 1
+                    stream = _checked(pieces.take(span_stop - span_first), key, entry, sealed, span_first,
+                                      start, last, target, buffer)
+                    await _fill(buffer, stream, metadata, start)
+                    yield buffer
+            self._observe_range_read(opened - started, time.monotonic() - opened, stop - first)
+        except (RemoteResourceNotFound, CorruptRemoteSegment):
+            self._forget(metadata)
             raise
         finally:
             if scratch is not None and len(self._sealed_buffers) < _SEALED_BUFFERS_KEPT:
@@ -645,6 +689,59 @@ async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key
             view = view[len(block):]
         if view:
             pending += view
+
+
+def _stored_span(entry: ObjectEntry, sealed: ObjectCipher | None, start: int, last: int) -> tuple[int, int]:
+    """The stored bytes [first, stop) a read of bytes [start, last] fetches. Encrypted, the
+    range grows to whole chunks, each opened before any of its bytes is yielded. With block
+    checksums it grows to whole blocks, each checked likewise; without (older manifests) it
+    gets the size check only."""
+    if sealed is not None:
+        return sealed.stored_range(start, last)
+    if entry.blocks:
+        block = entry.block_bytes
+        return start // block * block, min(entry.size, (last // block + 1) * block)
+    return start, last + 1
+
+
+def _checked(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry,
+             sealed: ObjectCipher | None, first: int, start: int, last: int, target: memoryview | None,
+             into: memoryview | None) -> AsyncGenerator[bytes | memoryview, None]:
+    """The plaintext bytes [start, last] of the stored bytes from `first` on, checked (or
+    opened) as they come; `target` is where the store reads them, if it reads in place."""
+    if target is not None:
+        # Whole blocks (or sealed chunks) at a time, so that none is split between two
+        # pieces and copied together to be checked or opened.
+        step = sealed.chunk_bytes + TAG_BYTES if sealed is not None else entry.block_bytes if entry.blocks else 1
+        chunks = _in_place(chunks, target, step, key)
+    if sealed is not None:
+        return sealed.open_range(chunks, start, last, key, into)
+    if entry.blocks:
+        return _verified_blocks(chunks, key, entry, first, start, last)
+    return chunks
+
+
+class _Pieces:
+    """One response's body shared by consecutive reads: `take(n)` yields its next `n`
+    bytes, splitting a piece that runs past them (a view, not a copy)."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes | memoryview, None]) -> None:
+        self._chunks = chunks
+        self._left: memoryview | None = None
+
+    async def take(self, size: int) -> AsyncGenerator[bytes | memoryview, None]:
+        while size > 0:
+            if self._left is not None:
+                piece, self._left = self._left, None
+            else:
+                try:
+                    piece = memoryview(await anext(self._chunks))
+                except StopAsyncIteration:
+                    return  # a short body: the size checks name it
+            if len(piece) > size:
+                piece, self._left = piece[:size], piece[size:]
+            size -= len(piece)
+            yield piece
 
 
 async def _in_place(chunks: AsyncGenerator[bytes | memoryview, None], target: memoryview,
