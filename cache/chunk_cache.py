@@ -13,7 +13,12 @@ Object stores answer the first byte after 10-50 ms. When chunk i is read, chunks
 i+1 .. i+N are fetched in the background, so a sequential reader finds them ready: N is
 `read_ahead_chunks` for `get`'s own read-ahead, and the remote log reader asks `prefetch`
 for as many as the store's observed first-byte latency needs (remote_log/read_ahead.py),
-into the next segment too.
+into the next segment too. Where the store reads runs with one request (`reads_runs`: an
+object store, whose every request costs about as much CPU as a few MiB of its bytes),
+consecutive chunks of one segment that a prefetch starts are read `chunks_per_read` at a
+time with one ranged read: each is cached, and its waiters served, as soon as its own
+bytes are in and checked. A read that fails fails the chunk it was filling and those
+after it; after a corrupt block, the chunks after that one load alone.
 The cache holds two kinds of chunks within one byte bound:
 
 - read chunks, in least-recently-used order;
@@ -81,6 +86,20 @@ class ChunkCacheFull(RemoteStorageError):
         super().__init__(message, retriable=True)
 
 
+class _NotReached(Exception):
+    """A chunk of a run whose read stopped at a corrupt block in front of it."""
+
+
+def _resolve(part: asyncio.Future[memoryview], data: memoryview) -> None:
+    if not part.done():  # a part is cancelled only when the cache closes
+        part.set_result(data)
+
+
+def _fail(part: asyncio.Future[memoryview], error: BaseException) -> None:
+    if not part.done():
+        part.set_exception(error)
+
+
 class _Claim:
     """A reader waiting for a chunk's load: the load leases the buffer for it before the
     reader resumes, so that nothing reuses the buffer in between."""
@@ -100,17 +119,21 @@ class ChunkCache:
         max_bytes: int,
         read_ahead_chunks: int = 2,
         max_prefetch_per_segment: int = 4,
+        chunks_per_read: int = 4,
         metrics: CacheMetrics = NO_METRICS,
     ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if max_bytes < 0 or read_ahead_chunks < 0 or max_prefetch_per_segment < 0:
             raise ValueError("max_bytes, read_ahead_chunks and max_prefetch_per_segment must be >= 0")
+        if chunks_per_read < 1:
+            raise ValueError(f"chunks_per_read must be positive, got {chunks_per_read}")
         self.rsm = rsm
         self.chunk_size = chunk_size
         self.max_bytes = max_bytes
         self.read_ahead_chunks = read_ahead_chunks
         self.max_prefetch_per_segment = max_prefetch_per_segment
+        self.chunks_per_read = chunks_per_read
         self._metrics = metrics
         self._read: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
         self._prefetched: collections.OrderedDict[ChunkKey, memoryview] = collections.OrderedDict()
@@ -129,6 +152,8 @@ class ChunkCache:
         self._reserved_bytes = 0
         self._prefetching: collections.Counter[uuid.UUID] = collections.Counter()
         self._flight: SingleFlight[ChunkKey, memoryview] = SingleFlight()
+        # Reads of runs of chunks: each chunk's own load (in `_flight`) waits for its part.
+        self._runs: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # ------------------------------------------------------------------ sizes
@@ -222,6 +247,9 @@ class ChunkCache:
 
     async def close(self) -> None:
         self._closed = True
+        for run in self._runs:
+            run.cancel()
+        await asyncio.gather(*self._runs, return_exceptions=True)
         await self._flight.close()
         self._buffers.clear()
 
@@ -245,18 +273,42 @@ class ChunkCache:
         (a reader's read-ahead reaching into the segment that follows its own)."""
         segment_id = segment.segment_id.id
         last = min(first + count - 1, self.chunk_count(segment) - 1)
+        per_read = self.chunks_per_read if self.rsm.reads_runs else 1
+        run: list[int] = []  # consecutive chunks reserved, not started yet
         for i in range(first, last + 1):
             key = (segment_id, i)
             if key in self or self._flight.in_flight(key):
+                self._start_run(segment, run)
+                run = []
                 continue
             if self._prefetching[segment_id] >= self.max_prefetch_per_segment:
-                return
+                break
             size = self.chunk_length(segment, i)
             if not self._reserve(size):
-                return  # no room without dropping demand: read-ahead yields
+                break  # no room without dropping demand: read-ahead yields
             self._prefetching[segment_id] += 1
-            task = self._flight.start(key, functools.partial(self._load, segment, i, reserved=size))
-            task.add_done_callback(lambda _t: self._prefetch_done(segment_id))
+            run.append(i)
+            if len(run) == per_read:
+                self._start_run(segment, run)
+                run = []
+        self._start_run(segment, run)
+
+    def _start_run(self, segment: RemoteLogSegmentMetadata, run: list[int]) -> None:
+        """Start the loads of reserved chunks `run`, one ranged read for all of them."""
+        segment_id = segment.segment_id.id
+        parts: dict[int, asyncio.Future[memoryview]] = {}
+        if len(run) > 1:
+            loop = asyncio.get_running_loop()
+            parts = {i: loop.create_future() for i in run}
+            task = loop.create_task(self._load_run(segment, run, parts))
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
+        for i in run:
+            size = self.chunk_length(segment, i)
+            load = functools.partial(self._run_part, parts[i], segment, i, size) if parts \
+                else functools.partial(self._load, segment, i, reserved=size)
+            self._flight.start((segment_id, i), load).add_done_callback(
+                lambda _t: self._prefetch_done(segment_id))
             self._metrics.prefetched()
 
     def _prefetch_done(self, segment_id: uuid.UUID) -> None:
@@ -305,25 +357,96 @@ class ChunkCache:
         size = self.chunk_length(segment, index)
         if not reserved:
             await self._room_for(segment, index, size)
-        buffer = self._buffers.take()
+        buffer: mmap.mmap | None = None
         data = memoryview(b"")
         try:
-            if buffer is None:  # none free: mapped off the event loop
-                buffer = await asyncio.to_thread(self._buffers.map_one)
+            buffer = await self._buffer()
             data = memoryview(buffer)[:size]
             await self.rsm.read_log_into(segment, start, data)
         except BaseException as e:
-            # What the store checked before a corrupt block: the caller may use it, the
-            # cache keeps nothing of this chunk.
-            intact = bytes(data[:e.filled]) if isinstance(e, CorruptRangeRead) else b""
-            del data
-            if buffer is not None:
-                self._buffers.retire(buffer, 0)
-            if isinstance(e, CorruptRangeRead):
-                raise CorruptChunk(index, intact, e.error) from e.error
-            raise
+            error = self._failed(index, buffer, data, e)
+            if error is e:
+                raise
+            raise error  # noqa: B904 - its cause is set: the store's error about the block
         finally:
             self._reserved_bytes -= reserved
+        return self._loaded(segment, index, buffer, data, prefetched=reserved > 0)
+
+    async def _run_part(self, part: asyncio.Future[memoryview], segment: RemoteLogSegmentMetadata,
+                        index: int, reserved: int) -> memoryview:
+        """Chunk `index`'s load within a run: its part of the run's read, or, where the read
+        stopped at a corrupt block in front of it, a read of its own (on its reservation)."""
+        try:
+            return await part
+        except _NotReached:
+            return await self._load(segment, index, reserved=reserved)
+
+    async def _load_run(self, segment: RemoteLogSegmentMetadata, run: list[int],
+                        parts: dict[int, asyncio.Future[memoryview]]) -> None:
+        """Reserved chunks `run` (consecutive) with one read, each cached and its part
+        resolved as soon as its bytes are in."""
+        sizes = [self.chunk_length(segment, i) for i in run]
+        buffers: list[mmap.mmap] = []
+        views: list[memoryview] = []
+        done = 0
+        try:
+            for size in sizes:
+                buffers.append(await self._buffer())
+                views.append(memoryview(buffers[-1])[:size])
+            async with contextlib.aclosing(
+                    self.rsm.read_log_run(segment, run[0] * self.chunk_size, views)) as filled:
+                async for _ in filled:
+                    self._reserved_bytes -= sizes[done]
+                    data = self._loaded(segment, run[done], buffers[done], views[done], prefetched=True)
+                    _resolve(parts[run[done]], data)
+                    done += 1
+        except BaseException as e:
+            cancelled = isinstance(e, asyncio.CancelledError)
+            if done == len(run):  # every chunk is in: what failed after them concerns none
+                if cancelled:
+                    raise
+                return
+            rest = run[done:]
+            error = self._failed(run[done], buffers[done] if done < len(buffers) else None,
+                                 views[done] if done < len(views) else memoryview(b""), e)
+            for buffer in buffers[done + 1:]:
+                self._buffers.retire(buffer, 0)
+            # After a corrupt block the chunks that follow it may well be intact: they load
+            # alone, on their reservations. Any other failure is theirs too.
+            corrupt = isinstance(error, CorruptChunk)
+            for i, size in zip(rest, sizes[done:]):
+                if cancelled:
+                    self._reserved_bytes -= size
+                    parts[i].cancel()
+                elif corrupt and i != rest[0]:
+                    _fail(parts[i], _NotReached())
+                else:
+                    self._reserved_bytes -= size
+                    _fail(parts[i], error)
+            if cancelled:
+                raise
+
+    async def _buffer(self) -> mmap.mmap:
+        """A free buffer of the pool; none free, one mapped off the event loop."""
+        buffer = self._buffers.take()
+        return buffer if buffer is not None else await asyncio.to_thread(self._buffers.map_one)
+
+    def _failed(self, index: int, buffer: mmap.mmap | None, data: memoryview, error: BaseException) -> BaseException:
+        """The error of chunk `index`'s failed load, its buffer given back: CorruptChunk with
+        what the store checked before a corrupt block (the caller may use it; the cache
+        keeps nothing of this chunk), else the store's own."""
+        intact = bytes(data[:error.filled]) if isinstance(error, CorruptRangeRead) else b""
+        if buffer is not None:
+            self._buffers.retire(buffer, 0)
+        if isinstance(error, CorruptRangeRead):
+            corrupt = CorruptChunk(index, intact, error.error)
+            corrupt.__cause__ = error.error  # as `raise ... from error.error` sets it
+            return corrupt
+        return error
+
+    def _loaded(self, segment: RemoteLogSegmentMetadata, index: int, buffer: mmap.mmap,
+                data: memoryview, *, prefetched: bool) -> memoryview:
+        """Chunk `index` read into `buffer`: leased to the readers waiting for it, cached."""
         self._metrics.loaded(segment.topic_id_partition.topic, len(data))
         key = (segment.segment_id.id, index)
         for claim in self._claims.pop(key, ()):  # leased before any reader resumes
@@ -332,7 +455,7 @@ class ChunkCache:
         if self._closed:
             self._buffers.retire(buffer, len(data))
         else:
-            self._insert(key, data, prefetched=reserved > 0)
+            self._insert(key, data, prefetched=prefetched)
         return data
 
     def _insert(self, key: ChunkKey, data: memoryview, *, prefetched: bool) -> None:
