@@ -28,8 +28,8 @@ The cache holds two kinds of chunks within one byte bound:
 Speculation gives way to demand: a chunk a reader waited for evicts prefetched
 chunks first, then the least recently read ones. A prefetch reserves its bytes
 before it starts (evicting read chunks only, never other prefetched ones) and is
-skipped when there is no room; at most `max_prefetch_per_segment` run at once per
-segment. Chunks that a holder leases (cached and leased, or evicted and still held) are
+skipped when there is no room; at most `max_prefetch_per_segment` reads (a chunk or a
+run) run at once per segment. Chunks that a holder leases (cached and leased, or evicted and still held) are
 never evicted to make room, and those that responses hold count against the bound:
 `stored + held + reserved <= max_bytes`, but for chunks of demand loads that did not fit
 beside the prefetches in flight and are served without being kept (at most one per
@@ -270,32 +270,40 @@ class ChunkCache:
 
     def prefetch(self, segment: RemoteLogSegmentMetadata, first: int, count: int) -> None:
         """Load chunks `first` .. `first + count - 1` in the background, within the bounds
-        (a reader's read-ahead reaching into the segment that follows its own)."""
+        (a reader's read-ahead reaching into the segment that follows its own). Where the
+        store reads runs, a run begun in that window is read whole, `chunks_per_read`
+        chunks long, even past it: a window that moves a chunk at a time then still reads
+        runs, not single chunks."""
         segment_id = segment.segment_id.id
-        last = min(first + count - 1, self.chunk_count(segment) - 1)
         per_read = self.chunks_per_read if self.rsm.reads_runs else 1
+        end = self.chunk_count(segment) - 1
+        last = min(first + count - 1, end)
         run: list[int] = []  # consecutive chunks reserved, not started yet
-        for i in range(first, last + 1):
+        i = first
+        while i <= last or (run and len(run) < per_read and i <= end):
             key = (segment_id, i)
+            i += 1
             if key in self or self._flight.in_flight(key):
                 self._start_run(segment, run)
                 run = []
                 continue
-            if self._prefetching[segment_id] >= self.max_prefetch_per_segment:
+            if not run and self._prefetching[segment_id] >= self.max_prefetch_per_segment:
                 break
-            size = self.chunk_length(segment, i)
-            if not self._reserve(size):
+            if not self._reserve(self.chunk_length(segment, key[1])):
                 break  # no room without dropping demand: read-ahead yields
-            self._prefetching[segment_id] += 1
-            run.append(i)
+            run.append(key[1])
             if len(run) == per_read:
                 self._start_run(segment, run)
                 run = []
         self._start_run(segment, run)
 
     def _start_run(self, segment: RemoteLogSegmentMetadata, run: list[int]) -> None:
-        """Start the loads of reserved chunks `run`, one ranged read for all of them."""
+        """Start the loads of reserved chunks `run`: one read, one of the segment's
+        `max_prefetch_per_segment`, for all of them."""
+        if not run:
+            return
         segment_id = segment.segment_id.id
+        self._prefetching[segment_id] += 1
         parts: dict[int, asyncio.Future[memoryview]] = {}
         if len(run) > 1:
             loop = asyncio.get_running_loop()
@@ -303,12 +311,18 @@ class ChunkCache:
             task = loop.create_task(self._load_run(segment, run, parts))
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
+        loading = [len(run)]
+
+        def loaded(_task: object) -> None:
+            loading[0] -= 1
+            if not loading[0]:
+                self._prefetch_done(segment_id)
+
         for i in run:
             size = self.chunk_length(segment, i)
             load = functools.partial(self._run_part, parts[i], segment, i, size) if parts \
                 else functools.partial(self._load, segment, i, reserved=size)
-            self._flight.start((segment_id, i), load).add_done_callback(
-                lambda _t: self._prefetch_done(segment_id))
+            self._flight.start((segment_id, i), load).add_done_callback(loaded)
             self._metrics.prefetched()
 
     def _prefetch_done(self, segment_id: uuid.UUID) -> None:
