@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
+from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.manifest import BLOCK_BYTES
 from tierproxy.storage.model import RemoteLogSegmentMetadata
 from tierproxy.storage.rsm import ObjectType
@@ -112,3 +113,28 @@ async def test_a_corrupt_block_in_a_run_fails_its_chunk_only(s3_server: S3Server
     # The chunks after it load on their own, intact.
     assert [bytes(c) for c in outcomes[2:]] == [_chunk(segment, 2), _chunk(segment, 3)]  # type: ignore[arg-type]
     assert len(gets) == 3  # the run, stopped at the block; then chunks 2 and 3 alone
+
+
+async def test_a_run_that_fails_fails_only_the_chunks_not_yet_in(
+        s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _stored(s3_server, tmp_path) as (rsm, segment, gets):
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=32 * CHUNK)
+        read_run = rsm.read_log_run
+
+        async def cut_after_one(metadata: RemoteLogSegmentMetadata, start: int,
+                                buffers: Sequence[memoryview]) -> AsyncGenerator[memoryview, None]:
+            async for buffer in read_run(metadata, start, buffers):
+                yield buffer
+                raise RemoteStorageError("connection reset", retriable=True)  # the body cut after a chunk
+
+        monkeypatch.setattr(rsm, "read_log_run", cut_after_one)
+        cache.prefetch(segment.metadata, 0, 4)
+        outcomes = await asyncio.gather(*(cache.get(segment.metadata, i, read_ahead=False, leases=None)
+                                          for i in range(4)), return_exceptions=True)
+        assert bytes(outcomes[0]) == _chunk(segment, 0)  # type: ignore[arg-type]  # a chunk, checked here
+        assert all(isinstance(o, RemoteStorageError) and "connection reset" in str(o) for o in outcomes[1:])
+        assert (segment.metadata.segment_id.id, 0) in cache and len(cache) == 1 and cache.reserved_bytes == 0
+        # Nothing of the failed ones is remembered: the next read of one is a read of its own.
+        assert bytes(await cache.get(segment.metadata, 2, read_ahead=False, leases=None)) == _chunk(segment, 2)
+        await cache.close()
+    assert len(gets) == 2
