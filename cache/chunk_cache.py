@@ -29,8 +29,9 @@ Speculation gives way to demand: a chunk a reader waited for evicts prefetched
 chunks first, then the least recently read ones. A prefetch reserves its bytes
 before it starts (evicting read chunks only, never other prefetched ones) and is
 skipped when there is no room; at most `max_prefetch_per_segment` reads (a chunk or a
-run) run at once per segment. Chunks that a holder leases (cached and leased, or evicted and still held) are
-never evicted to make room, and those that responses hold count against the bound:
+run) run at once per segment. Chunks that a holder leases (cached and leased, or evicted
+and still held) are never evicted to make room, and those that responses hold count
+against the bound:
 `stored + held + reserved <= max_bytes`, but for chunks of demand loads that did not fit
 beside the prefetches in flight and are served without being kept (at most one per
 demand load in flight). A demand load that finds the bound full of what responses hold

@@ -70,7 +70,8 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     @contextlib.asynccontextmanager
     async def _open_range(self, key: str, first: int, last: int,
-                          into: Sequence[memoryview] = ()) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
+                          into: Sequence[memoryview] = ()
+                          ) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         with _storage_errors(key):
             fd = await asyncio.to_thread(os.open, self.path_of(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:

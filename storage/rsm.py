@@ -405,7 +405,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             else:
                 target = into if sealed is None and first == start and stop == last + 1 else None
             started = time.monotonic()
-            async with self._open_range(key, first, stop - 1, [target] if target is not None else ()) as (object_size, chunks):
+            into_target = [target] if target is not None else []
+            async with self._open_range(key, first, stop - 1, into_target) as (object_size, chunks):
                 opened = time.monotonic()  # the response's head: its first byte
                 if object_size != stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
@@ -440,6 +441,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
                 yield buffer
             return
         key = self._key(metadata, ObjectType.LOG)
+        stored_size = manifest.stored_size(entry)
         first, stop = spans[0][0], spans[-1][1]
         scratch = self._sealed_buffer(stop - first) if sealed is not None else None
         targets = ([memoryview(scratch)[a - first:b - first] for a, b in spans] if scratch is not None
@@ -449,8 +451,8 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             async with self._open_range(key, first, stop - 1, targets) as (object_size, chunks), \
                     contextlib.aclosing(chunks):
                 opened = time.monotonic()  # the response's head: its first byte
-                if object_size != manifest.stored_size(entry):
-                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {manifest.stored_size(entry)}")
+                if object_size != stored_size:
+                    raise CorruptRemoteSegment(f"{key}: size {object_size}, manifest says {stored_size}")
                 pieces = _Pieces(chunks)
                 for buffer, target, start, (span_first, span_stop) in zip(buffers, targets, starts, spans):
                     last = start + len(buffer) - 1

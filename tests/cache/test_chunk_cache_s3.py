@@ -35,7 +35,12 @@ async def _stored(s3_server: S3Server, tmp_path: Path, *, encrypted: bool = Fals
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         await rsm.fetch_manifest(segment.metadata)
         gets: list[str] = []
-        rsm.observe_requests(lambda operation, seconds, ok: gets.append(operation) if operation == "get_range" else None)
+
+        def observe(operation: str, seconds: float, ok: bool) -> None:
+            if operation == "get_range":
+                gets.append(operation)
+
+        rsm.observe_requests(observe)
         yield rsm, segment, gets
 
 
