@@ -16,6 +16,7 @@ import pytest
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.reader import IsolationLevel
 from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.manifest import BLOCK_BYTES
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.s3 import S3RemoteStorageManager
 from testbed.s3 import S3Server
@@ -98,3 +99,29 @@ async def test_an_outage_is_a_retriable_error_and_reads_resume_after_it(own_s3: 
         result = await reader.read(partition.tp, cold, 600, min_one_batch=True)
         check(result, partition, cold, 600, True)
         await close(reader)
+
+
+async def test_a_sequential_read_reads_runs_of_chunks_with_one_get_each(own_s3: S3Server, tmp_path: Path) -> None:
+    async with s3_remote_log(own_s3, tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2, batches_per_segment=40,
+                                          value_size=30_000)
+        chunk = BLOCK_BYTES  # runs need chunks of whole checksum blocks
+        chunks = sum(-(-segment.segment_size_in_bytes // chunk) for segment in partition.segments)
+        reader = make_reader(rsm, rlmm, chunk_size=chunk, chunk_cache_bytes=32 * chunk)
+        gets: list[str] = []
+
+        def observe(operation: str, seconds: float, ok: bool) -> None:
+            if operation == "get_range":
+                gets.append(operation)
+
+        rsm.observe_requests(observe)
+        offset = partition.log_start_offset
+        while offset <= partition.log_end_offset:
+            result = await reader.read(partition.tp, offset, chunk, min_one_batch=True)
+            check(result, partition, offset, chunk, True)
+            assert result.next_fetch_offset > offset
+            offset = result.next_fetch_offset
+        await close(reader)
+    assert chunks >= 8
+    # A chunk on demand at the start of each segment, the rest in runs of up to four.
+    assert len(gets) <= chunks // 2
