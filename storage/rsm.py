@@ -34,6 +34,7 @@ import contextlib
 import asyncio
 import base64
 import enum
+import itertools
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
@@ -429,7 +430,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         manifest = await self._manifest(metadata)
         entry = _entry(manifest, metadata, ObjectType.LOG)
         sealed = self._object_cipher(manifest, metadata, ObjectType.LOG)
-        starts = [start_position + sum(len(b) for b in buffers[:i]) for i in range(len(buffers))]
+        starts = list(itertools.accumulate((len(b) for b in buffers[:-1]), initial=start_position))
         spans = [_stored_span(entry, sealed, start, start + len(b) - 1) for start, b in zip(starts, buffers)]
         # One request when the buffers' stored spans follow each other and each is its
         # buffer's range or (encrypted) whole sealed chunks; else one read per buffer.

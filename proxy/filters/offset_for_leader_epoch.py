@@ -26,6 +26,7 @@ from kio.static.primitive import i32, i64
 from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.codecs import INTERCEPTED
 from tierproxy.storage.errors import MetadataNotReady
+from tierproxy.storage.metadata.lineage import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from tierproxy.storage.model import TopicIdPartition
 
 from ..tiered import RemoteTier
@@ -37,6 +38,8 @@ from .replica import ReadReplicas
 __all__ = ("OffsetForLeaderEpochFilter",)
 
 _API = "OFFSET_FOR_LEADER_EPOCH"
+#: The answer's fields when no epoch is known (Kafka's UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET).
+_UNKNOWN_EPOCH = {"leader_epoch": i32(UNDEFINED_EPOCH), "end_offset": i64(UNDEFINED_EPOCH_OFFSET)}
 
 
 class OffsetForLeaderEpochFilter(Filter):
@@ -70,10 +73,10 @@ class OffsetForLeaderEpochFilter(Filter):
         try:
             tp = self.replicas.origin_partition(topic, broker.partition)
             if tp is None:  # nothing tiered yet: no epoch is known, as on an empty broker
-                return dataclasses.replace(broker, leader_epoch=i32(-1), end_offset=i64(-1))
+                return dataclasses.replace(broker, **_UNKNOWN_EPOCH)
             epoch, end_offset = self.replicas.rlmm.end_offset_for_epoch(tp, requested)
         except MetadataNotReady as e:  # REPLICA_NOT_AVAILABLE: the consumer asks again
             # This API names topics only: the log line and the count need no id.
             code = self.tier.error_code_for(tp or TopicIdPartition(uuid.UUID(int=0), topic, broker.partition), e, _API)
-            return dataclasses.replace(broker, error_code=code, leader_epoch=i32(-1), end_offset=i64(-1))
+            return dataclasses.replace(broker, error_code=code, **_UNKNOWN_EPOCH)
         return dataclasses.replace(broker, leader_epoch=i32(epoch), end_offset=i64(end_offset))
