@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tierproxy.config import (
     Config,
+    REMOTE_LOG_STORAGE_BACKEND,
     MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION,
     REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES,
     REMOTE_LOG_CHUNK_SIZE_BYTES,
@@ -23,16 +24,20 @@ from tierproxy.config import (
 
 from .workers import shares, worker_count
 
-__all__ = ("CONNECTION_BYTES", "PROCESS_BYTES", "SUPERVISOR_BYTES", "Load", "formula_text", "memory_bound")
+__all__ = ("CONNECTION_BYTES", "PROCESS_BYTES", "S3_CLIENT_BYTES", "SUPERVISOR_BYTES", "Load", "formula_text", "memory_bound")
 
 MIB = 1 << 20
 # The command supervising workers (proxy.workers above 1): the interpreter, the start-up
-# checks' imports (Kafka client, object store client), the metrics endpoint. Measured 65-67 MiB.
+# checks' imports (Kafka client, object store client), the metrics endpoint. Measured 61-62 MiB.
 SUPERVISOR_BYTES = 72 * MIB
 # One process serving clients, its caches aside: the interpreter, the proxy's imports, the
 # preloaded codecs, its threads and the allocator's arenas. Measured 70-71 MiB idle, 75 MiB
 # once 8 consumers replayed through it.
 PROCESS_BYTES = 80 * MIB
+# A process's object store client with remote.log.storage.backend=s3 (botocore's service
+# models, aiobotocore, aiohttp), the supervisor's too (its start-up probe of the store).
+# Measured 30-32 MiB per worker and in the supervisor, 43 MiB for one process serving alone.
+S3_CLIENT_BYTES = 48 * MIB
 # Any open client connection: its transports, buffers, the paired broker connection.
 CONNECTION_BYTES = 64 * 1024
 
@@ -57,9 +62,10 @@ def memory_bound(config: Config, load: Load) -> int:
     workers = worker_count(config)
     share = {name: int(value) for name, value in shares(config, workers).items()}
     chunk = config[REMOTE_LOG_CHUNK_SIZE_BYTES]
-    per_worker = (PROCESS_BYTES + load.metadata_bytes + share[REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES]
+    client = S3_CLIENT_BYTES if config[REMOTE_LOG_STORAGE_BACKEND] == "s3" else 0
+    per_worker = (PROCESS_BYTES + client + load.metadata_bytes + share[REMOTE_LOG_CHUNK_CACHE_SIZE_BYTES]
                   + share[REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES] + share[REMOTE_LOG_READER_THREADS] * chunk)
-    return ((SUPERVISOR_BYTES if workers > 1 else 0) + workers * per_worker
+    return ((SUPERVISOR_BYTES + client if workers > 1 else 0) + workers * per_worker
             + load.fetching * config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION] + load.fetch_bytes
             + load.connections * CONNECTION_BYTES + load.request_bytes)
 
@@ -69,6 +75,8 @@ def formula_text() -> str:
     lines = [
         ("supervisor (with proxy.workers above 1)", f"{SUPERVISOR_BYTES // MIB} MiB"),
         ("+ proxy.workers x idle process", f"{PROCESS_BYTES // MIB} MiB each"),
+        ("+ with remote.log.storage.backend=s3, per process", f"{S3_CLIENT_BYTES // MIB} MiB (the object store client;"),
+        ("", "the supervisor's too)"),
         ("+ proxy.workers x remote log metadata", '(see "Remote log metadata at scale" below)'),
         ("+ remote.log.chunk.cache.size.bytes + remote.log.index.file.cache.total.size.bytes", ""),
         ("+ remote.log.reader.threads x remote.log.chunk.size.bytes", "(reads in flight)"),

@@ -48,6 +48,12 @@ FETCH_MAX_BYTES = 4 * MIB  # what every client here asks per Fetch
 tiered = tiered_fixture(SPEC)
 
 
+@pytest.fixture(scope="module")
+def tiered_s3(tiered_topics, kafka_cluster, s3_server) -> TieredTopic:
+    """The same topic with its remote segments in S3."""
+    return tiered_topics(dataclasses.replace(SPEC, store="s3"), kafka_cluster, s3=s3_server)
+
+
 def test_the_docs_show_the_formula_the_bound_computes():
     operations = (REPO / "docs" / "operations.md").read_text()
     assert formula_text() in operations, (
@@ -110,8 +116,9 @@ def stall(bootstrap_port: int, tiered: TieredTopic, count: int) -> list[socket.s
     return stalled
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_resident_memory_stays_under_the_documented_bound(tiered, tmp_path, workers):
+@pytest.mark.parametrize("store, workers", [("local", 1), ("local", 2), ("s3", 2)])
+def test_resident_memory_stays_under_the_documented_bound(request, tmp_path, store, workers):
+    tiered = request.getfixturevalue("tiered" if store == "local" else "tiered_s3")
     assert tiered.cluster is not None
     bootstrap_port, = free_ports(1)
     settings = {
@@ -128,7 +135,7 @@ def test_resident_memory_stays_under_the_documented_bound(tiered, tmp_path, work
     served = start_serving(settings, tmp_path)
     stalled: list[socket.socket] = []
     try:
-        served.wait_for(r"tierproxy serving on", workers)
+        served.wait_for(r"tierproxy serving on", workers, timeout_s=120)
         time.sleep(1)  # the chunk cache is faulted in on a thread after start
         idle = {pid: rss(pid) for pid in processes(served)}
         assert len(idle) == (workers + 1 if workers > 1 else 1), served.output
@@ -170,7 +177,7 @@ def test_resident_memory_stays_under_the_documented_bound(tiered, tmp_path, work
         loaded = Load(connections=STALLED + 2 * CONSUMERS, fetching=STALLED + CONSUMERS,
                       fetch_bytes=(STALLED + CONSUMERS) * FETCH_MAX_BYTES)
         bound = memory_bound(config, loaded)
-        print(f"\nproxy.workers={workers}: idle RSS {_mib(sum(idle.values()))} "
+        print(f"\n{store}, proxy.workers={workers}: idle RSS {_mib(sum(idle.values()))} "
               f"({', '.join(_mib(v) for v in idle.values())}; bound {_mib(idle_bound)}), with {STALLED} stalled "
               f"clients and {CONSUMERS} consumers peak {_mib(peak[0])} (bound {_mib(bound)})")
         assert sum(idle.values()) <= idle_bound, idle
