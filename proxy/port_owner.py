@@ -30,7 +30,7 @@ from typing import NamedTuple
 from tierproxy.config import Config, METRICS_PORT, PROXY_BOOTSTRAP_PORT
 from tierproxy.config.broker_ports import NodePorts
 
-__all__ = ("PortTaken", "bound_addresses", "claim_ports", "serve_ports")
+__all__ = ("Endpoint", "PortTaken", "bound_addresses", "claim_ports", "serve_ports")
 
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _PREFIX = "tierproxy serve "
