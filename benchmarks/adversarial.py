@@ -57,18 +57,21 @@ LIMITS = {
 }
 
 
-CONNECTION_KB = 64  # docs/operations.md: what any open connection costs (transports, buffers)
+NON_READER_FETCH_BYTES = PARTITIONS * MIB  # the broker's part of a non-reader's Fetch: 1 MiB per partition
+SIDE_FETCH_MAX_BYTES = 4 * MIB  # the side consumer's fetch.max.bytes
 
 
-def memory_bound(base_kb: int, fetching: int, connections: int) -> int:
-    """docs/operations.md: above the idle process, the caches, reader threads x chunk,
-    per connection that fetches (pending response bytes + 5 x remote.fetch.max.bytes),
-    and CONNECTION_KB per open connection."""
-    per_fetching = LIMITS["max.pending.response.bytes.per.connection"] + 5 * LIMITS["remote.fetch.max.bytes"]
-    return (base_kb * 1024 + LIMITS["remote.log.chunk.cache.size.bytes"]
-            + LIMITS["remote.log.index.file.cache.total.size.bytes"]
-            + LIMITS["remote.log.reader.threads"] * LIMITS["remote.log.chunk.size.bytes"]
-            + fetching * per_fetching + connections * CONNECTION_KB * 1024)
+def memory_bound(properties: dict[str, str], non_readers: int, fetching: int, connections: int, floods: int) -> int:
+    """docs/operations.md, "Memory" (tierproxy.proxy.memory): the bound for the run's load;
+    a pre-authentication flood's frame is received up to sasl.server.max.receive.size."""
+    from tierproxy.config import SASL_SERVER_MAX_RECEIVE_SIZE, parse
+    from tierproxy.proxy.memory import Load, memory_bound as bound
+
+    config = parse(properties)
+    return bound(config, Load(connections=connections, fetching=fetching,
+                              fetch_bytes=non_readers * NON_READER_FETCH_BYTES
+                              + (fetching - non_readers) * SIDE_FETCH_MAX_BYTES,
+                              request_bytes=floods * config[SASL_SERVER_MAX_RECEIVE_SIZE]))
 
 
 def rss_kb(pid: int) -> int:
@@ -234,7 +237,8 @@ async def non_reader(proxy: Proxy, topic: str, per_partition: int, seconds: floa
 def side_consumer(bootstrap: str, topic: str, expected: int, result: dict) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "adversarial-side", "security.protocol":
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "adversarial-side",
+                         "fetch.max.bytes": SIDE_FETCH_MAX_BYTES, "security.protocol":
                          "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "admin",
                          "sasl.password": PASSWORD, "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
@@ -348,7 +352,7 @@ def main() -> int:
             "bootstrap.servers": kafka.bootstrap_servers,
             "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
             "sasl.username": "admin", "sasl.password": PASSWORD,
-            "proxy.listener.host": "127.0.0.1", "proxy.bootstrap.port": str(_free_port()),
+            "proxy.listener.host": "127.0.0.1", "proxy.bootstrap.port": str(_free_port()), "proxy.workers": "1",
             "proxy.broker.port.base": str(_free_port()), "metrics.port": "0",
             "remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote"),
             "remote.log.metadata.backend": "file", "remote.log.metadata.dir": str(tmp / "metadata"),
@@ -379,7 +383,7 @@ def main() -> int:
                             or "unexpected" in line.lower()][-20:]
             fetching = args.non_readers + 4  # with the side consumer's and the check's own
             connections = fetching + 50 + args.floods + args.slow + args.slow // 4
-            bound = memory_bound(base_kb, fetching, connections)
+            bound = memory_bound(properties, args.non_readers, fetching, connections, args.floods)
 
     tried = sum(total for _, total in counts.values())
     print(f"\n# adversarial run {datetime.date.today()}: {args.mb} MB remote, {attack_s:.0f} s of attack\n")
@@ -391,8 +395,9 @@ def main() -> int:
     print(f"\ncases tried: {tried}; proxy alive and answering: {'yes' if up else 'NO'}")
     print(f"Fetch requests the non-reading clients wrote: {sum(fetches_in)} in {args.seconds:.0f} s "
           "(beyond the first few they wait in socket buffers: the proxy stopped reading them)")
-    print(f"peak RSS {peak_kb / 1024:.0f} MiB, bound {bound / MIB:.0f} MiB (idle process {base_kb / 1024:.0f} MiB "
-          f"+ caches + readers + {fetching} fetching of {connections} connections): {'within' if peak_kb * 1024 <= bound else 'OVER'}")
+    print(f"peak RSS {peak_kb / 1024:.0f} MiB (idle {base_kb / 1024:.0f} MiB), bound {bound / MIB:.0f} MiB "
+          f"(docs/operations.md, \"Memory\", for {fetching} fetching of {connections} connections): "
+          f"{'within' if peak_kb * 1024 <= bound else 'OVER'}")
     print(f"side consumer: {side.get('records')} of {records} records, errors {side.get('errors')}: "
           f"{'ok' if consumer_ok else 'FAILED'}")
     if not consumer_ok and proxy_errors:

@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     from tierproxy.proxy.port_owner import PortTaken, claim_ports, serve_ports
-    from tierproxy.proxy.serve import serve
     from tierproxy.proxy.workers import WORKER_CANNOT_START, supervise, watch_supervisor, worker_count
 
     claims = []
@@ -62,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         count = 1 if worker else worker_count(config)
         if count > 1:
             return supervise(config, count, _config_arguments(args))
+        from tierproxy.proxy.serve import serve  # the proxy itself: not in a supervisor's memory
+
         uvloop.run(serve(config, worker=worker))
     except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)

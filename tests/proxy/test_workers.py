@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import javaproperties
 import pytest
 
 from tierproxy.config import load
@@ -284,27 +285,37 @@ def test_a_port_taken_stops_every_worker_with_the_address(tiered, tmp_path):
     assert "cannot start" in served.output
 
 
-def test_a_second_serve_on_the_same_ports_refuses_to_start(tiered, tmp_path):
-    """Like a broker, a second `serve` of the same configuration does not join the first's
-    SO_REUSEPORT listeners: it exits naming the port and the holder, and the first serves on.
-    Without a metrics endpoint, whose port the kernel alone would refuse."""
+def test_a_second_serve_on_the_same_address_refuses_to_start(tiered, tmp_path):
+    """Like a broker, a second `serve` on the same address and port does not join the
+    first's SO_REUSEPORT listeners, whatever host text names the address: it exits naming
+    the port, the address and the holder, and the first serves on. The first has no metrics
+    endpoint, whose port the kernel alone would refuse; the second has one of its own."""
     data = tiered
     first, bootstrap_port, _ = serve(data, tmp_path, 2, **{"metrics.port": 0})
-    second = None
     try:
         first.wait_for(SERVING, 2)
-        second = Served(first.process.args)
-        second.process.wait(30)
-        assert second.stop() == 1, second.output
-        assert (f"cannot open the bootstrap listener on {LOOPBACK}:{bootstrap_port}: Address already in use: "
-                f"another tierproxy serve (pid {first.process.pid}) holds it") in second.output, second.output
-        assert "serving on" not in second.output
+        # the holder's pid and command line, cut short at 200 characters
+        holder = rf"another tierproxy serve \(pid {first.process.pid}: [^\n]*tierproxy serve --config [^\n]*\)"
+        for host in ("localhost", "127.1", "127.0.0.1"):
+            second = start_serving({**_settings(first), "proxy.listener.host": host, "metrics.port": free_ports(1)[0]},
+                                   tmp_path / host)
+            try:
+                second.process.wait(30)
+            finally:
+                assert second.stop() == 1, second.output
+            assert re.search(rf"cannot open the bootstrap listener on {host}:{bootstrap_port}: Address already in use: "
+                             rf"{holder} holds {LOOPBACK}:{bootstrap_port}\n", second.output), second.output
+            assert "serving on" not in second.output
         expected = expected_by_partition(data.records)
         consumed = consume_confluent_assigned({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}"}, data.topic,
                                               range(PARTITIONS), sum(len(v) for v in expected.values()))
         assert in_partition_order(consumed) == expected
     finally:
-        if second is not None:
-            second.stop()
         status = first.stop()
     assert status == 0, first.output
+
+
+def _settings(served: Served) -> dict[str, str]:
+    """The properties a `serve` was started with."""
+    with open(served.process.args[served.process.args.index("--config") + 1], encoding="utf-8") as f:
+        return javaproperties.load(f)
