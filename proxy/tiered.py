@@ -53,6 +53,7 @@ class RemoteTier:
         self.engine = RemoteReadEngine.from_config(config, self.rsm, self.rlmm, self.metrics,
                                                    shared_index_dir=shared_index_dir)
         self.rsm.observe_requests(self.metrics.store_request)
+        self.rlmm.observe_problems(self.metrics.metadata_problem)
         # Clients that stopped reading give their chunks back when others need the room.
         self.engine.chunk_cache.on_full = give_back_stalled
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tierproxy.cache import CacheMetrics
 from tierproxy.protocol.apis import error_name
+from tierproxy.storage.metadata import MetadataProblem, ProblemKind
 
 from .failures import Cause
 
@@ -115,6 +116,13 @@ class RemoteMetrics:
             "Partitions the proxy itself answered with an error in a Fetch, ListOffsets or OffsetForLeaderEpoch, "
             "by API and Kafka error name.", ["api", "error"], registry=r)
 
+        self.metadata_unreadable = Gauge(
+            "tierproxy_remote_log_metadata_unreadable",
+            "1 while the remote log metadata cannot be read as a whole, by problem: no_metadata (nothing "
+            "published under the store's key prefix, remote.log.metadata.backend=remote), damaged (an object "
+            "missing, truncated or that does not decode); 0 otherwise.", ["problem"], registry=r,
+            multiprocess_mode="livemax")
+
     def cache(self, name: str) -> CacheMetrics:
         """The counters of one cache, in the shape `cache/` expects."""
         return _PrometheusCacheMetrics(self, name)
@@ -124,6 +132,11 @@ class RemoteMetrics:
 
     def tiered_storage_not_available(self, topic: str, cause: Cause) -> None:
         self.not_available.labels(topic, cause.value).inc()
+
+    def metadata_problem(self, problem: MetadataProblem | None) -> None:
+        """The metadata manager's `observe_problems` hook."""
+        for kind in ProblemKind:
+            self.metadata_unreadable.labels(kind.value).set(1 if problem is not None and problem.kind is kind else 0)
 
     def partition_error(self, api: str, code: int) -> None:
         self.partition_errors.labels(api, error_name(code)).inc()

@@ -51,6 +51,9 @@ class LocalRemoteStorageManager(ObjectStoreRemoteStorageManager):
         """The file holding the object `key`."""
         return self.root.joinpath(*key.split("/"))
 
+    def _where(self, key: str) -> str:
+        return str(self.path_of(key))
+
     async def close(self) -> None:
         pass  # no open handles outlive a call
 

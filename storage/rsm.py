@@ -227,6 +227,10 @@ class RemoteStorageManager(abc.ABC):
         """Removes the objects; missing ones are not an error."""
         raise self._no_objects()
 
+    def object_location(self, name: str) -> str:
+        """Where the object `name` is, for messages: with the bucket (or directory) and key prefix."""
+        return name
+
     def _no_objects(self) -> RemoteStorageError:
         return RemoteStorageError(f"{type(self).__name__} keeps no objects but segments", retriable=False)
 
@@ -544,6 +548,13 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
     def _object_key(self, name: str) -> str:
         head = self.prefix.strip("/")
         return f"{head}/{name}" if head else name
+
+    def object_location(self, name: str) -> str:
+        return self._where(self._object_key(name))
+
+    def _where(self, key: str) -> str:
+        """The store's own name of `key` (the bucket's URL, a file's path)."""
+        return key
 
     async def put_object(self, name: str, data: bytes) -> None:
         await self._put_bytes(self._object_key(name), data)

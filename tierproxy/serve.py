@@ -4,7 +4,8 @@ Start-up fails with a message naming the key when the configuration is wrong, or
 naming the address when a listener cannot be opened or another `serve` holds its port
 (proxy/port_owner.py). An object store that cannot be
 reached at start is one WARNING line naming it and the error, and the proxy starts
-anyway. On a signal the listeners close, every client connection is closed, the
+anyway; so does remote log metadata in the store that is missing or damaged (one ERROR
+line naming the bucket, prefix or object: storage/metadata/bucket.py). On a signal the listeners close, every client connection is closed, the
 interceptors are stopped and the command exits 0. With `proxy.workers` above 1 (0, the
 default, is one per core) the command supervises that many worker processes
 (proxy/workers.py), each of them this same command with `--worker-of`.

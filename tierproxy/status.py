@@ -31,10 +31,13 @@ pipeline published into the store, and status also tells how long ago that was p
 Read replica topics (`topic.<name>.remote.log.read.replica=true`) are listed too: their
 remote range is the origin's partition's (another topic id, joined by name), Lx, Ly and Lz
 the offsets the proxy serves (all remote, the topic on this cluster is empty), and their
-segments' keys are checked as above: a replica reads them with its own configured keys.
+segments' keys are checked as above: a replica reads them with its own configured keys. A
+replica partition the remote log metadata does not name is a problem (the proxy answers it
+REPLICA_NOT_AVAILABLE), and so is remote log metadata that is missing under the store's key
+prefix or has an object that does not read (named, with the bucket and prefix).
 
 Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
-(each such partition is named on stderr), 2 the configuration is invalid or the
+(each such partition, or the metadata object, is named on stderr), 2 the configuration is invalid or the
 cluster, metadata or remote storage cannot be read. Reads only; never imports pyspark.
 """
 
@@ -155,10 +158,11 @@ class Report:
     # (None when nothing was published yet, or with another backend).
     metadata_published_seconds_ago: float | None = None
     replica_topics: frozenset[str] = frozenset()  # topic.<name>.remote.log.read.replica=true
+    metadata_problems: list[str] = field(default_factory=list)  # the remote log metadata as a whole
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.partitions)
+        return not self.metadata_problems and all(p.ok for p in self.partitions)
 
     def to_json(self) -> dict[str, Any]:
         partitions = []
@@ -170,7 +174,8 @@ class Report:
             partitions.append(entry)
         return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
                 "encryption_keys": [asdict(k) for k in self.encryption_keys],
-                "metadata_published_seconds_ago": self.metadata_published_seconds_ago}
+                "metadata_published_seconds_ago": self.metadata_published_seconds_ago,
+                "metadata_problems": self.metadata_problems}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -206,11 +211,26 @@ async def _remote_partition(replicas: ReadReplicas | None, tp: TopicIdPartition,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return replicas.origin_partition(tp.topic, tp.partition) or tp
+            return replicas.named_partition(tp.topic, tp.partition) or tp
         except MetadataNotReady:
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+def _metadata_problems(rlmm: RemoteLogMetadataManager | None) -> list[str]:
+    """What is wrong with the remote log metadata as a whole (its store's `problem`)."""
+    problem = rlmm.problem if rlmm is not None else None
+    return [str(problem)] if problem is not None else []
+
+
+def _unnamed_replica_partition(replicas: ReadReplicas | None, topic: str, partition: int) -> tuple[str, ...]:
+    """The problem of a read replica partition the loaded remote log metadata does not name."""
+    if replicas is None or topic not in replicas or replicas.named_partition(topic, partition) is not None:
+        return ()
+    return (f"the remote log metadata names no partition {partition} of {topic}: the proxy answers it "
+            "REPLICA_NOT_AVAILABLE (nothing of it is tiered yet, or remote.log.storage.* name another store or "
+            "key prefix than the origin's)",)
 
 
 def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
@@ -321,9 +341,14 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             return Report([], missing, _key_usage(config, []), replica_topics=replica_names)
         earliest = await cluster.list_offsets(topics, tps, OffsetSpec.EARLIEST)
         rlmm = await _metadata_manager(config, stack, cluster)
+        metadata_problems = _metadata_problems(rlmm)
+        if rlmm is not None and metadata_problems and not rlmm.is_loaded():  # nothing to show offsets from
+            return Report([], missing, _key_usage(config, []), replica_topics=replica_names,
+                          metadata_problems=metadata_problems)
         replicas = ReadReplicas((t.name for t in config.read_replica_topics), rlmm) if rlmm else None
         ids = {tp: await _remote_partition(replicas, TopicIdPartition(topics[tp[0]].topic_id, *tp), timeout)
                for tp in tps}
+        unnamed = {tp: _unnamed_replica_partition(replicas, tp[0], tp[1]) for tp in tps}
         if rlmm is not None:
             for tid in ids.values():
                 await rlmm.wait_until_ready(tid, timeout)
@@ -347,10 +372,11 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
                                                    config[REMOTE_LOG_STORAGE_ENCRYPTION_REQUIRED])
         partitions.append(PartitionStatus(
             tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, len(segments),
-            sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,
-            keys, warnings,
+            sum(s.segment_size_in_bytes for s in segments),
+            unnamed[tp] + broken_invariants(lx, ly, lz, rx, ry) + key_problems, keys, warnings,
         ))
-    return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names)
+    return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names,
+                  metadata_problems)
 
 
 def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
@@ -393,6 +419,8 @@ def format_table(report: Report) -> str:
 
 
 def report_problems(report: Report, err: TextIO) -> None:
+    for problem in report.metadata_problems:
+        print(f"tierproxy status: {problem}", file=err)
     for name in report.missing_topics:
         if name in report.replica_topics:
             print(f"tierproxy status: read replica topic {name} does not exist in the cluster: "

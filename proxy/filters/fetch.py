@@ -52,7 +52,8 @@ broker and the remote tier and applies it.
 
 Read replica topics (`replica`) are remote only: their partitions reach the broker at an
 offset beyond any log, so that it answers at once, OFFSET_OUT_OF_RANGE or an
-authorization error, and the remote tier serves them whatever the broker's offsets say.
+authorization error, and the remote tier serves them whatever the broker's offsets say;
+one the remote log metadata does not name is REPLICA_NOT_AVAILABLE, never an empty log.
 """
 
 from __future__ import annotations
@@ -339,8 +340,9 @@ class FetchFilter(Filter):
     def _tier_partition(self, topic_id: Any, name: str, partition: int) -> TopicIdPartition:
         """The partition in the remote log metadata: a read replica's is the origin's.
         Raises MetadataNotReady (see ReadReplicas.origin_partition)."""
-        origin = self.replicas.origin_partition(name, partition) if name in self.replicas else None
-        return origin if origin is not None else TopicIdPartition(topic_id, name, partition)
+        if name in self.replicas:
+            return self.replicas.origin_partition(name, partition)
+        return TopicIdPartition(topic_id, name, partition)
 
     @staticmethod
     def _name(topic: Any, by_id: bool, state: FetchConnectionState) -> str | None:

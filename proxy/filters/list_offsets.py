@@ -12,7 +12,8 @@
 A read replica topic (`replica`) is all remote: its log end (-1, and -4 since nothing is
 local) is the remote end offset + 1, its log start (-2) the remote log start, -3, -5 and
 timestamps are the remote log's, leader epochs -1 (the origin's mean nothing to this
-cluster), whatever the broker says of the empty topic.
+cluster), whatever the broker says of the empty topic; REPLICA_NOT_AVAILABLE while the
+remote log metadata does not name the partition (never the empty topic's 0).
 
 Every partition still goes to the broker (on the client's connection) so that its
 authorization and errors apply; -5 is sent as -2 for that. A special timestamp below
@@ -133,10 +134,10 @@ class ListOffsetsFilter(Filter):
             return answer
         if key[0] in self.replicas:
             try:
-                tp = self.replicas.origin_partition(*key)
+                origin = self.replicas.origin_partition(*key)
             except MetadataNotReady as e:
                 return dict(error_code=self.tier.error_code_for(TopicIdPartition(topic_id, *key), e, "LIST_OFFSETS"))
-            return await self._guarded(tp or TopicIdPartition(topic_id, *key), self._replica(tp, spec, answer))
+            return await self._guarded(origin, self._replica(origin, spec, answer))
         if spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
             answer["timestamp"] = -1
         if spec == OffsetSpec.LATEST or spec == OffsetSpec.EARLIEST_LOCAL_TIMESTAMP:
@@ -158,7 +159,7 @@ class ListOffsetsFilter(Filter):
             self.tier.metrics.partition_error("LIST_OFFSETS", ErrorCode.request_timed_out)
             return dict(error_code=ErrorCode.request_timed_out)  # remote.list.offsets.request.timeout.ms
 
-    async def _replica(self, tp: TopicIdPartition | None, spec: int, answer: dict[str, Any]) -> dict[str, Any]:
+    async def _replica(self, tp: TopicIdPartition, spec: int, answer: dict[str, Any]) -> dict[str, Any]:
         """A read replica partition's answer, from the remote log alone."""
         answer.update(leader_epoch=-1)
         log_end = self.replicas.offsets(tp).high_watermark
@@ -169,9 +170,9 @@ class ListOffsetsFilter(Filter):
             return {**answer, "timestamp": -1, "offset": self.replicas.log_start(tp)}
         if spec == OffsetSpec.LATEST_TIERED_TIMESTAMP:
             return {**answer, "timestamp": -1, "offset": log_end - 1 if log_end else -1}
-        if tp is not None and spec == OffsetSpec.MAX_TIMESTAMP:
+        if spec == OffsetSpec.MAX_TIMESTAMP:
             found = _value(await self.tier.engine.max_timestamp(tp))
-        elif tp is not None and spec >= 0:
+        elif spec >= 0:
             found = _value(await self.tier.engine.offset_for_timestamp(tp, spec))
         if found is None:  # Kafka's answer for no such record
             return {**answer, "timestamp": -1, "offset": -1}

@@ -9,7 +9,8 @@ position for a truncated log. The replica cluster's topic is empty, so its broke
 The request still goes to the broker as it is, so that its authorization and its fencing of
 the current leader epoch (this cluster's, from its Metadata) apply, and any error it answers
 stays. Where it answered a replica partition without error, the leader epoch and end offset
-are the remote log's (`RemoteLogMetadataManager.end_offset_for_epoch`, Kafka's rules). The
+are the remote log's (`RemoteLogMetadataManager.end_offset_for_epoch`, Kafka's rules), or
+REPLICA_NOT_AVAILABLE while the remote log metadata does not name the partition. The
 request names topics by name only. A follower's request (replica_id >= 0) is none of the
 proxy's.
 """
@@ -72,8 +73,6 @@ class OffsetForLeaderEpochFilter(Filter):
         tp: TopicIdPartition | None = None
         try:
             tp = self.replicas.origin_partition(topic, broker.partition)
-            if tp is None:  # nothing tiered yet: no epoch is known, as on an empty broker
-                return dataclasses.replace(broker, **_UNKNOWN_EPOCH)
             epoch, end_offset = self.replicas.rlmm.end_offset_for_epoch(tp, requested)
         except MetadataNotReady as e:  # REPLICA_NOT_AVAILABLE: the consumer asks again
             # This API names topics only: the log line and the count need no id.

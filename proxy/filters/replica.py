@@ -74,10 +74,19 @@ class ReadReplicas:
     def __contains__(self, name: object) -> bool:
         return name in self.names
 
-    def origin_partition(self, name: str, partition: int) -> TopicIdPartition | None:
-        """The origin's partition of a replica topic in the remote log metadata; None when
-        the loaded metadata knows none (nothing tiered yet). Raises MetadataNotReady when it
-        knows none so far and is still loading: the partition may be one not loaded yet."""
+    def origin_partition(self, name: str, partition: int) -> TopicIdPartition:
+        """The origin's partition of a replica topic in the remote log metadata. Raises
+        MetadataNotReady (REPLICA_NOT_AVAILABLE) when the metadata names none: it is still
+        loading, or it lacks the topic or that partition (nothing of it tiered yet, another
+        bucket or prefix, fewer partitions at the origin). Never an empty log: a consumer
+        would take its end, 0, for the partition's and move its committed offsets there."""
+        found = self.named_partition(name, partition)
+        if found is None:
+            raise MetadataNotReady(f"the remote log metadata names no partition {partition} of {name}")
+        return found
+
+    def named_partition(self, name: str, partition: int) -> TopicIdPartition | None:
+        """As `origin_partition`, but None when the loaded metadata names no such partition."""
         rlmm = self.rlmm
         # Rebuilt when a partition appeared, a delete state changed or the load completed:
         # never per lookup or per segment, whatever the number of partitions.
@@ -107,14 +116,14 @@ class ReadReplicas:
                 ranked[key] = (rank, tp)
         return {key: tp for key, (_, tp) in ranked.items()}
 
-    def offsets(self, tp: TopicIdPartition | None) -> PartitionOffsets:
+    def offsets(self, tp: TopicIdPartition) -> PartitionOffsets:
         """The replica partition's offsets: everything is remote. Raises MetadataNotReady."""
-        end = self.rlmm.log_end_offset(tp) if tp is not None else None
+        end = self.rlmm.log_end_offset(tp)
         log_end = end + 1 if end is not None else 0
         return PartitionOffsets(log_end, log_end, log_end)
 
-    def log_start(self, tp: TopicIdPartition | None) -> int:
-        start = self.rlmm.log_start_offset(tp) if tp is not None else None
+    def log_start(self, tp: TopicIdPartition) -> int:
+        start = self.rlmm.log_start_offset(tp)
         return start if start is not None else 0
 
     async def learn_topic_ids(self, known: ConnectionTopics, queries: ClusterQueries,

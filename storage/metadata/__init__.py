@@ -14,14 +14,20 @@ this manager's own reads. Reads are synchronous lookups in memory; they raise
 MetadataNotReady while the partition's metadata is still loading (Kafka answers
 REPLICA_NOT_AVAILABLE then). A manager made for some partitions only (`partitions=`, a
 copy task's) keeps only their metadata: a start costs what they hold, not the whole store.
+
+A backend that can find its store without any metadata, or with an object that does not
+decode, says so in `problem` (a `MetadataProblem`) instead of raising: it keeps serving
+what it read last, if anything, and `observe_problems` tells the proxy's metrics.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import enum
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from ..errors import MetadataNotReady, RemoteLogMetadataError
 from ..model import (
@@ -40,11 +46,30 @@ __all__ = [
     "EpochChain",
     "LoadedAtStart",
     "MetadataDecodeError",
+    "MetadataProblem",
+    "ProblemKind",
     "RemoteLogMetadataManager",
     "RemoteLogTruncation",
     "UnknownSegment",
     "is_segment_within_lineage",
 ]
+
+
+class ProblemKind(enum.Enum):
+    """What is wrong with a metadata store as a whole; the value is the metrics' label value."""
+
+    NO_METADATA = "no_metadata"  # nothing published where the configuration points
+    DAMAGED = "damaged"  # an object does not decode, is missing or is truncated
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataProblem:
+    kind: ProblemKind
+    location: str  # the object, or the folder, it concerns (with the bucket and prefix)
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 class RemoteLogMetadataManager(abc.ABC):
@@ -59,6 +84,8 @@ class RemoteLogMetadataManager(abc.ABC):
     def __init__(self, partitions: Iterable[TopicIdPartition] | None = None) -> None:
         self._cache = RemoteLogMetadataCache()
         self.scope: frozenset[TopicIdPartition] | None = frozenset(partitions) if partitions is not None else None
+        self._problem: MetadataProblem | None = None
+        self._problem_observers: list[Callable[[MetadataProblem | None], None]] = []
 
     def in_scope(self, tp: TopicIdPartition) -> bool:
         return self.scope is None or tp in self.scope
@@ -91,6 +118,25 @@ class RemoteLogMetadataManager(abc.ABC):
     async def refresh(self) -> int:
         """Applies the records other processes added since the last call; returns how many."""
         return 0
+
+    @property
+    def problem(self) -> MetadataProblem | None:
+        """What is wrong with the store as a whole now (see the module's docstring); None when nothing is."""
+        return self._problem
+
+    def observe_problems(self, observer: Callable[[MetadataProblem | None], None]) -> None:
+        """Calls `observer` with `problem` now and whenever it changes."""
+        self._problem_observers.append(observer)
+        observer(self._problem)
+
+    def _set_problem(self, problem: MetadataProblem | None) -> bool:
+        """Records `problem`; True when it differs from the one before."""
+        if problem == self._problem:
+            return False
+        self._problem = problem
+        for observer in self._problem_observers:
+            observer(problem)
+        return True
 
     async def __aenter__(self) -> RemoteLogMetadataManager:
         await self.start()

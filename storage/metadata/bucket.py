@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
-from ..errors import RemoteLogMetadataError, RemoteResourceNotFound, RemoteStorageError
+from ..errors import MetadataNotReady, RemoteLogMetadataError, RemoteResourceNotFound, RemoteStorageError
 from ..model import TopicIdPartition
-from . import LoadedAtStart
+from . import LoadedAtStart, MetadataProblem, ProblemKind
 from .cache import RemoteLogMetadataCache
 from .partition import PartitionState
 from .serde import MetadataDecodeError, RemoteLogMetadata
@@ -250,9 +250,24 @@ async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None
 # ---------------------------------------------------------------------------- reading
 
 
+class _ObjectUnreadable(Exception):
+    """An object a head names that is missing or does not decode (`error`), at `location`."""
+
+    def __init__(self, location: str, error: Exception) -> None:
+        super().__init__(f"{location}: {error}")
+        self.location = location
+        self.error = error
+
+
 class BucketRemoteLogMetadataManager(LoadedAtStart):
     """`remote.log.metadata.backend=remote`: the metadata the pipeline published into the
-    store, read-only, followed every `refresh_interval_ms` (and on `refresh()`)."""
+    store, read-only, followed every `refresh_interval_ms` (and on `refresh()`).
+
+    Loaded once a head and every object it names have been read whole. Nothing published
+    under the key prefix, or a head or object that is missing, truncated or does not
+    decode, is a `problem` (one ERROR line when it starts, one INFO line when it ends), not
+    an exception: what was read before, if anything, is served meanwhile; before the first
+    whole read nothing is loaded, so every partition is not ready (REPLICA_NOT_AVAILABLE)."""
 
     def __init__(self, rsm: RemoteStorageManager, *, refresh_interval_ms: int = 5000,
                  partitions: Iterable[TopicIdPartition] | None = None, owns_store: bool = False) -> None:
@@ -272,10 +287,16 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
         """When the head read last was published (the publisher's clock); None before any."""
         return self.head.published_ms if self.head else None
 
+    def location(self, name: str = HEAD) -> str:
+        """Where the metadata object `name` is (bucket and key prefix included)."""
+        return self.bucket.rsm.object_location(self.bucket.key(name))
+
     async def start(self) -> None:
-        """Loads what is published. A store that cannot be reached now (a retriable error)
-        does not stop a start: the metadata is not ready (REPLICA_NOT_AVAILABLE to clients)
-        until a refresh, every `refresh_interval_ms`, reads it; any other error does."""
+        """Loads what is published. Neither a store that cannot be reached now (a retriable
+        error) nor metadata that is missing or damaged (`problem`) stops a start: the
+        metadata is not ready (REPLICA_NOT_AVAILABLE to clients) until a refresh, every
+        `refresh_interval_ms`, reads it whole; any other error (no such bucket, access
+        denied) does."""
         if self._follower is not None:
             return
         try:
@@ -284,36 +305,92 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
             if not e.retriable:
                 raise
             log.warning("remote log metadata in %s cannot be read yet, its partitions are not ready until it "
-                        "is (read again every %d ms): %s", self.bucket.key(HEAD), self.refresh_interval_ms, e)
+                        "is (read again every %d ms): %s", self.location(), self.refresh_interval_ms, e)
         self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def wait_until_ready(self, tp: TopicIdPartition, timeout: float) -> None:
+        """As LoadedAtStart's, but at once with the problem when nothing was ever read whole
+        and the last read found the metadata missing or damaged."""
+        self._check_scope(tp)
+        if not self.is_loaded() and self.problem is not None:
+            raise MetadataNotReady(str(self.problem))
+        await super().wait_until_ready(tp, timeout)
 
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_interval_ms / 1000)
             try:
                 await self.refresh()
-            except Exception:  # noqa: BLE001 - a failed read is retried at the next interval; serving goes on
-                log.exception("refreshing the remote log metadata from %s failed", self.bucket.key(HEAD))
+            except RemoteStorageError as e:  # the store: one line, read again at the next interval
+                log.warning("reading the remote log metadata in %s failed, read again in %d ms: %s",
+                            self.location(), self.refresh_interval_ms, e)
+            except Exception:  # noqa: BLE001 - not the store's: a fault of ours; serving goes on
+                log.exception("refreshing the remote log metadata from %s failed", self.location())
 
     async def refresh(self) -> int:
         """Reads the head; when it names objects not applied yet, fetches and installs them.
-        Returns how many partitions changed."""
+        Returns how many partitions changed. Metadata missing or damaged sets `problem`
+        (the state read before stays); errors of the store itself raise."""
         async with self._refresh_lock:
-            for attempt in range(_HEAD_ATTEMPTS):
+            try:
+                changed = await self._read()
+            except _ObjectUnreadable as e:
+                self._report(self._damaged(e.location, e.error))
+                return 0
+            if self.head is None:
+                self._report(MetadataProblem(ProblemKind.NO_METADATA, self.location(""), (
+                    f"no remote log metadata under {self.location('')}: {self.location()} does not exist "
+                    f"(remote.log.storage.* and remote.log.storage.key.prefix name another place than the origin's "
+                    f"pipeline publishes to, or it never published); read replica partitions are answered "
+                    f"REPLICA_NOT_AVAILABLE")))
+            return changed
+
+    async def _read(self) -> int:
+        """One refresh (see `refresh`); raises _ObjectUnreadable."""
+        for attempt in range(_HEAD_ATTEMPTS):
+            try:
                 head = await self.bucket.head()
-                if head is None or (self.head is not None and head.generation == self.head.generation):
-                    self._started.set()
-                    return 0
-                try:
-                    changed = await self._apply(head)
-                    self._started.set()
-                    return changed
-                except RemoteResourceNotFound:
-                    if attempt + 1 == _HEAD_ATTEMPTS:
-                        raise
-                    log.info("an object of remote log metadata generation %d is gone: reading the head again",
-                             head.generation)
+            except MetadataDecodeError as e:
+                raise _ObjectUnreadable(self.location(), e) from e
+            if head is None:
+                if self.head is not None:  # gone after it was read: what it named is served
+                    self._report(MetadataProblem(ProblemKind.NO_METADATA, self.location(), (
+                        f"{self.location()} is gone: serving remote log metadata generation {self.head.generation} "
+                        f"read before, until a head is published again")))
+                return 0
+            if self.head is not None and head.generation == self.head.generation:
+                self._report(None)
+                return 0
+            try:
+                changed = await self._apply(head)
+            except _ObjectUnreadable as e:
+                if not isinstance(e.error, RemoteResourceNotFound) or attempt + 1 == _HEAD_ATTEMPTS:
+                    raise
+                log.info("an object of remote log metadata generation %d is gone: reading the head again",
+                         head.generation)
+                continue
+            self._started.set()
+            self._report(None)
+            return changed
         return 0
+
+    def _damaged(self, location: str, error: Exception) -> MetadataProblem:
+        served = (f"serving generation {self.head.generation} read before" if self.head is not None
+                  else "read replica partitions are answered REPLICA_NOT_AVAILABLE")
+        return MetadataProblem(ProblemKind.DAMAGED, location,
+                               f"remote log metadata object {location} cannot be read ({error}): {served}, until "
+                               f"a publication replaces it")
+
+    def _report(self, problem: MetadataProblem | None) -> None:
+        """Records `problem`, with a log line when it starts, changes or ends."""
+        before = self.problem
+        if not self._set_problem(problem):
+            return
+        if problem is not None:
+            log.error("%s", problem)
+        elif before is not None:
+            log.info("remote log metadata in %s is read again (generation %d)", self.location(),
+                     self.head.generation if self.head else 0)
 
     async def _apply(self, head: Head) -> int:
         known = len(self._applied)
@@ -323,9 +400,12 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
         semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
 
         async def load(o: StoredObject) -> list[PartitionState]:
-            async with semaphore:
-                data = await self.bucket.read(o)
-            return await asyncio.to_thread(decode_sections, data, keep)
+            try:
+                async with semaphore:
+                    data = await self.bucket.read(o)
+                return await asyncio.to_thread(decode_sections, data, keep)
+            except (MetadataDecodeError, RemoteResourceNotFound) as e:
+                raise _ObjectUnreadable(self.location(o.name), e) from e
 
         loaded = await asyncio.gather(*(load(o) for o in fresh))
         cache = self._cache if incremental else RemoteLogMetadataCache()
@@ -343,7 +423,7 @@ class BucketRemoteLogMetadataManager(LoadedAtStart):
             "partitions publishes their metadata into the store")
 
     def _source(self) -> str:
-        return str(self.bucket.key(HEAD))
+        return self.location()
 
     async def close(self) -> None:
         self._closed = True

@@ -12,7 +12,7 @@ from tests.deploy.rules import DEPLOY, RULE_FILES, RULES, UNIT_TESTS, rules, unk
 ALERTS = {"TierproxyProxyDown", "TierproxyPipelineDown", "TierproxyRemoteStoreUnavailable",
           "TierproxyCorruptRemoteReads", "TierproxyRemoteObjectMissing", "TierproxyEncryptionKeyMissing",
           "TierproxyUnencryptedRemoteSegments", "TierproxyRemoteReadsFailUnexpectedly",
-          "TierproxyRemoteMetadataNotReady", "TierproxyReaderQueueFull", "TierproxyRemoteCopyErrors",
+          "TierproxyRemoteMetadataNotReady", "TierproxyRemoteLogMetadataUnreadable", "TierproxyReaderQueueFull", "TierproxyRemoteCopyErrors",
           "TierproxyCopyLagGrowing", "TierproxyTierPassesFailing", "TierproxyRemoteSegmentVerifyFailed"}
 
 

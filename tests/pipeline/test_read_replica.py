@@ -47,6 +47,8 @@ from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
 from tierproxy.protocol.requests import metadata_request
 from tierproxy.replica import REPLICA_TOPIC_CONFIG
+from tierproxy.storage.factory import remote_storage_manager
+from tierproxy.storage.metadata.bucket import FOLDER, HEAD
 from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant, send_unanswered
 from tests.helpers.batches import batch
 from tests.helpers.commands import write_properties
@@ -456,3 +458,136 @@ def _java_record(line: str) -> tuple[int, int, str]:
     fields = line.split("\t")
     named = dict(field.split(":", 1) for field in fields[:-1])
     return int(named["Partition"]), int(named["Offset"]), fields[-1]
+
+
+# Issue 33: remote log metadata that is not there, or damaged (these run after the origin is
+# gone: the bucket and the replica cluster are all they need).
+
+_RNA = ErrorCode.replica_not_available
+_UNREADABLE = "tierproxy_remote_log_metadata_unreadable"
+
+
+def _looking_elsewhere(settings: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The replica's settings with its remote log metadata looked for where there is none:
+    a key prefix with a typo (remote backend), or an empty metadata directory (file)."""
+    if settings["remote.log.metadata.backend"] == "remote":
+        return {**settings, "remote.log.storage.key.prefix": settings["remote.log.storage.key.prefix"] + "-typo"}
+    return {**settings, "remote.log.metadata.dir": str(tmp_path / "empty")}
+
+
+async def _answers(proxy: ProxyThread, topic: str, user: str = "alice") -> tuple[int, int, int, bool]:
+    """Partition 0 of `topic` through `proxy`: the error codes of Fetch at 0, ListOffsets -1
+    and OffsetForLeaderEpoch of epoch 0, and whether the Fetch carried records."""
+    conn = await authenticated(proxy.bootstrap_servers, user)
+    try:
+        (fetched,) = (await conn.request(fetch_at(topic, 0))).responses[0].partitions
+        response = await conn.request(list_offsets9.ListOffsetsRequest(
+            replica_id=i32(-1), isolation_level=i8(0), topics=(list_offsets9.ListOffsetsTopic(name=topic, partitions=(
+                list_offsets9.ListOffsetsPartition(partition_index=i32(0), timestamp=i64(OffsetSpec.LATEST)),)),)))
+        (latest,) = response.topics[0].partitions
+        (epoch,) = (await conn.request(_epoch_request(topic, -1, 0))).topics[0].partitions
+    finally:
+        await conn.close()
+    return fetched.error_code, latest.error_code, epoch.error_code, bool(fetched.records)
+
+
+async def _status(settings: dict[str, str], cluster: KafkaCluster, path: Path, capsys) -> tuple[int, str]:
+    write_properties(path, {**settings, "bootstrap.servers": plaintext_bootstrap(cluster)})
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, ["status", "--config", str(path)])
+    return code, capsys.readouterr().err
+
+
+async def test_a_replica_whose_metadata_is_not_there_answers_replica_not_available(origin, replica, replica_settings,
+                                                                                    sasl_kafka, tmp_path, capsys):
+    """A key prefix with a typo (or an empty metadata directory) served every partition as an
+    empty log: ListOffsets -1 answered 0 with no error, and a group's commits went to 0. Now
+    Fetch, ListOffsets and OffsetForLeaderEpoch answer REPLICA_NOT_AVAILABLE, the group keeps
+    its commits, the gauge says it, and status exits 1 naming where it looked."""
+    group = f"kept-{uuid.uuid4().hex[:6]}"
+    partitions = [TopicPartition(origin.topic, p) for p in range(PARTITIONS)]
+    committer = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, group_id=group,
+                                 enable_auto_commit=False, **sasl("alice"))
+    await committer.start()
+    try:
+        committer.assign(partitions)
+        await committer.commit({tp: PER_PARTITION // 2 for tp in partitions})
+    finally:
+        await committer.stop()
+    elsewhere = _looking_elsewhere(replica_settings, tmp_path)
+    with running(proxy_config(sasl_kafka.bootstrap_servers, len(sasl_kafka.brokers), **elsewhere)) as proxy:
+        assert await _answers(proxy, origin.topic) == (_RNA, _RNA, _RNA, False)
+        consumer = AIOKafkaConsumer(origin.topic, bootstrap_servers=proxy.bootstrap_servers, group_id=group,
+                                    auto_offset_reset="earliest", auto_commit_interval_ms=100, **sasl("alice"))
+        await consumer.start()
+        try:
+            assert await consumer.getmany(timeout_ms=3000) == {}
+        finally:
+            await consumer.stop()  # commits its positions
+        remote = elsewhere["remote.log.metadata.backend"] == "remote"
+        assert proxy.metrics.value(_UNREADABLE, {"problem": "no_metadata"}) == (1 if remote else 0)
+    checker = AIOKafkaConsumer(bootstrap_servers=replica.bootstrap_servers, group_id=group,
+                               enable_auto_commit=False, **sasl("alice"))
+    await checker.start()
+    try:
+        assert {tp.partition: await checker.committed(tp) for tp in partitions} == \
+            {p: PER_PARTITION // 2 for p in range(PARTITIONS)}
+    finally:
+        await checker.stop()
+    code, err = await _status(elsewhere, sasl_kafka, tmp_path / "elsewhere.properties", capsys)
+    assert code == 1
+    if remote:
+        bucket = elsewhere["remote.log.storage.s3.bucket"]
+        prefix = elsewhere["remote.log.storage.key.prefix"]
+        assert f"no remote log metadata under s3://{bucket}/{prefix}/__remote_log_metadata/" in err
+    else:
+        assert f"the remote log metadata names no partition 0 of {origin.topic}" in err
+
+
+async def test_damaged_metadata_neither_stops_a_proxy_nor_takes_its_last_good_state(origin, replica, replica_settings,
+                                                                                    sasl_kafka, tmp_path, capsys):
+    """A head that does not decode made `serve` fail at start, every topic behind it down.
+    Now a proxy starts and serves its other topics, its replica partitions answer
+    REPLICA_NOT_AVAILABLE; one that had read the metadata whole goes on serving it; both
+    say so in the gauge, and status exits 1 naming the object."""
+    settings = {**replica_settings, "remote.log.metadata.backend": "remote",
+                "remote.log.metadata.dir": str(tmp_path / "metadata"),
+                "remote.log.replica.refresh.interval.ms": "200"}
+    config = proxy_config(sasl_kafka.bootstrap_servers, len(sasl_kafka.brokers), **settings)
+    other = f"ordinary-{uuid.uuid4().hex[:8]}"
+    sasl_kafka.create_topic(other)
+    grant(sasl_kafka, "alice", ResourceType.TOPIC, other, AclOperation.READ, AclOperation.DESCRIBE)
+    producer = AIOKafkaProducer(bootstrap_servers=plaintext_bootstrap(sasl_kafka))
+    await producer.start()
+    try:
+        await producer.send_and_wait(other, b"ordinary", partition=0)
+    finally:
+        await producer.stop()
+    head_key = f"{FOLDER}/{HEAD}"
+    try:
+        async with remote_storage_manager(config) as rsm:
+            good = await rsm.get_object(head_key)
+            with running(config) as last_good:
+                assert (await _answers(last_good, origin.topic))[3]
+                await rsm.put_object(head_key, b"{not json")
+                try:
+                    with running(config) as fresh:
+                        assert await _answers(fresh, origin.topic) == (_RNA, _RNA, _RNA, False)
+                        served = (ErrorCode.none,) * 3 + (True,)
+                        deadline = time.monotonic() + 30  # alice's new ACL may take the broker a moment
+                        while (answers := await _answers(fresh, other)) != served and time.monotonic() < deadline:
+                            await asyncio.sleep(0.2)
+                        assert answers == served
+                        assert fresh.metrics.value(_UNREADABLE, {"problem": "damaged"}) == 1
+                    await wait_until(lambda: last_good.metrics.value(_UNREADABLE, {"problem": "damaged"}) == 1,
+                                     30, "the proxy that read the metadata whole sees the damaged head")
+                    assert (await _answers(last_good, origin.topic))[::3] == (ErrorCode.none, True)
+                    code, err = await _status(settings, sasl_kafka, tmp_path / "damaged.properties", capsys)
+                    assert code == 1
+                    assert f"{rsm.object_location(head_key)} cannot be read" in err
+                finally:
+                    await rsm.put_object(head_key, good)
+                await wait_until(lambda: last_good.metrics.value(_UNREADABLE, {"problem": "damaged"}) == 0,
+                                 30, "the mended head read again")
+    finally:
+        sasl_kafka.delete_topic(other)

@@ -95,7 +95,20 @@ def test_while_the_metadata_loads_a_partition_it_does_not_know_yet_is_not_ready(
     rlmm.tier(origin(1))
     rlmm.loaded = True
     assert replicas.origin_partition(TOPIC, 1) == origin(1)
-    assert replicas.origin_partition(TOPIC, 2) is None  # loaded: nothing of it tiered
+
+
+def test_a_partition_the_loaded_metadata_does_not_name_is_not_ready():
+    """Loaded, and still no partition 2 (or no topic at all: another bucket or prefix):
+    REPLICA_NOT_AVAILABLE, never an empty log whose end, 0, a consumer would commit."""
+    rlmm = LoadingMetadata()
+    rlmm.loaded = True
+    replicas = ReadReplicas([TOPIC, "other"], rlmm)
+    rlmm.tier(origin(0))
+    assert replicas.origin_partition(TOPIC, 0) == origin(0)
+    for name, partition in ((TOPIC, 2), ("other", 0)):
+        with pytest.raises(MetadataNotReady, match=f"names no partition {partition} of {name}"):
+            replicas.origin_partition(name, partition)
+        assert replicas.named_partition(name, partition) is None
 
 
 def test_the_index_is_rebuilt_when_the_partitions_change_and_only_then():
@@ -105,10 +118,10 @@ def test_the_index_is_rebuilt_when_the_partitions_change_and_only_then():
     rlmm.tier(origin(0))
     for _ in range(3):
         assert replicas.origin_partition(TOPIC, 0) == origin(0)
-        assert replicas.origin_partition(TOPIC, 1) is None
+        assert replicas.named_partition(TOPIC, 1) is None
     assert rlmm.listed == 1
     rlmm.tier(origin(0), 10, 19)  # a segment of a known partition changes no partition
-    assert replicas.origin_partition(TOPIC, 1) is None
+    assert replicas.named_partition(TOPIC, 1) is None
     assert rlmm.listed == 1
     rlmm.tier(origin(1))  # seen at once, not after an index's age
     assert replicas.origin_partition(TOPIC, 1) == origin(1)
@@ -167,8 +180,9 @@ async def test_list_offsets_of_a_replica_partition_still_loading_is_replica_not_
     try:
         rlmm.tier(origin(0))
         assert (await latest())[0] == ErrorCode.replica_not_available
+        rlmm.loaded = True  # loaded, without partition 1: not the empty topic's 0
+        assert (await latest())[0] == ErrorCode.replica_not_available
         rlmm.tier(origin(1))
-        rlmm.loaded = True
         assert await latest() == (ErrorCode.none, 10)
     finally:
         await tier.engine.close()
@@ -208,8 +222,9 @@ async def test_offset_for_leader_epoch_of_a_replica_partition_still_loading_is_r
     try:
         rlmm.tier(origin(0))
         assert await end_of_epoch_0() == (ErrorCode.replica_not_available, -1, -1)
+        rlmm.loaded = True  # loaded, without partition 1: no answer of an empty log
+        assert await end_of_epoch_0() == (ErrorCode.replica_not_available, -1, -1)
         rlmm.tier(origin(1))
-        rlmm.loaded = True
         assert await end_of_epoch_0() == (ErrorCode.none, 0, 10)
     finally:
         await tier.engine.close()

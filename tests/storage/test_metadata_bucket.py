@@ -5,6 +5,7 @@ reads a torn publication, and cannot write."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,6 +13,8 @@ import pytest
 
 from tierproxy.storage.errors import MetadataNotReady, RemoteLogMetadataError, RemoteStorageError
 from tierproxy.storage.local import LocalRemoteStorageManager
+from tierproxy.storage.metadata import ProblemKind
+from tierproxy.storage.metadata import bucket as bucket_module
 from tierproxy.storage.metadata.bucket import (
     FOLDER,
     HEAD,
@@ -21,6 +24,7 @@ from tierproxy.storage.metadata.bucket import (
     publish,
 )
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
+from tierproxy.storage.s3 import S3RemoteStorageManager
 from tierproxy.storage.model import (RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState,
                                      RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition)
 from tests.helpers.s3 import manager as s3_manager
@@ -153,13 +157,119 @@ async def test_the_remote_backend_is_read_only_and_keeps_its_scope(rsm, primary)
     assert (await reader(rsm)).list_segments(other) == []
 
 
-async def test_a_store_without_published_metadata_is_empty_until_it_is_published(rsm, primary):
+async def test_a_store_without_published_metadata_is_a_problem_naming_where_it_looked(rsm, primary, caplog):
+    """Not an empty log: nothing is loaded (every partition REPLICA_NOT_AVAILABLE), and the
+    problem, logged once however many refreshes find it, names the bucket and key prefix."""
     follower = await reader(rsm)
+    for _ in range(3):
+        assert await follower.refresh() == 0
     assert follower.partitions() == [] and follower.published_ms is None
+    assert not follower.is_loaded()
+    problem = follower.problem
+    assert problem is not None and problem.kind is ProblemKind.NO_METADATA
+    assert problem.location == rsm.object_location(f"{FOLDER}/")
+    assert ("s3://" if isinstance(rsm, S3RemoteStorageManager) else str(rsm.root)) in problem.location
+    assert "/tiered/" in problem.location or isinstance(rsm, S3RemoteStorageManager)
+    assert f"no remote log metadata under {problem.location}" in str(problem)
+    assert _errors(caplog) == [str(problem)]
+    with pytest.raises(MetadataNotReady, match="no remote log metadata under"):
+        await follower.wait_until_ready(TPS[0], 30)  # at once, not after 30 s
     await history(primary)
     await publish(rsm, primary.partition_states())
     await follower.refresh()
     assert state_of(follower) == state_of(primary)
+    assert follower.is_loaded() and follower.problem is None
+
+
+def _errors(caplog) -> list[str]:
+    """The ERROR lines of the metadata reader so far; none of them with a traceback."""
+    records = [r for r in caplog.records if r.name == bucket_module.__name__ and r.levelno >= logging.ERROR]
+    assert not any(r.exc_info for r in records)
+    return [r.getMessage() for r in records]
+
+
+async def _damage(rsm, how: str, name: str) -> tuple[str, bytes]:
+    """Damages the metadata object `name` (garbage, cut in half, deleted); returns its
+    location and its bytes before."""
+    key = f"{FOLDER}/{name}"
+    data = await rsm.get_object(key)
+    if how == "garbage":
+        await rsm.put_object(key, b"{not json")
+    elif how == "truncated":
+        await rsm.put_object(key, data[:len(data) // 2])
+    else:
+        await rsm.delete_objects([key])
+    return rsm.object_location(key), data
+
+
+async def _published_twice(rsm, primary) -> tuple:
+    """A snapshot, then a change: (the head, the snapshot's first object, the change object)."""
+    await history(primary)
+    await publish(rsm, primary.partition_states())
+    await tier(primary, TPS[0], 300, 399, epoch=3)
+    assert not (await publish(rsm, primary.partition_states())).compacted
+    head = await BucketMetadata(rsm).head()
+    return head, head.objects[0].name, head.objects[-1].name
+
+
+@pytest.mark.parametrize("damage", ["garbage head", "truncated snapshot", "missing change"])
+async def test_damaged_metadata_never_stops_a_start_and_names_the_object(rsm, primary, damage, caplog):
+    """A garbage head, a truncated snapshot object or a missing change object: the start
+    goes on (other topics are served), nothing is loaded, and the problem names the object."""
+    _, snapshot, change = await _published_twice(rsm, primary)
+    how, name = {"garbage head": ("garbage", HEAD), "truncated snapshot": ("truncated", snapshot),
+                 "missing change": ("missing", change)}[damage]
+    location, before = await _damage(rsm, how, name)
+    follower = BucketRemoteLogMetadataManager(rsm, refresh_interval_ms=3_600_000)
+    try:
+        await follower.start()
+        for _ in range(2):
+            assert await follower.refresh() == 0
+        assert not follower.is_loaded() and follower.partitions() == []
+        problem = follower.problem
+        assert problem is not None and (problem.kind, problem.location) == (ProblemKind.DAMAGED, location)
+        assert location in str(problem) and "REPLICA_NOT_AVAILABLE" in str(problem)
+        assert _errors(caplog) == [str(problem)]
+        with pytest.raises(MetadataNotReady):
+            follower.log_end_offset(TPS[0])
+        with pytest.raises(MetadataNotReady, match="cannot be read"):
+            await follower.wait_until_ready(TPS[0], 30)
+        await rsm.put_object(f"{FOLDER}/{name}", before)  # mended
+        await follower.refresh()
+        assert follower.problem is None and state_of(follower) == state_of(primary)
+    finally:
+        await follower.close()
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated", "missing"])
+async def test_a_reader_keeps_its_last_good_state_over_a_damaged_publication(rsm, primary, how, caplog):
+    await history(primary)
+    await publish(rsm, primary.partition_states())
+    follower = await reader(rsm)
+    good = state_of(follower)
+    await tier(primary, TPS[0], 300, 399, epoch=3)
+    await publish(rsm, primary.partition_states())
+    head = await BucketMetadata(rsm).head()
+    location, _ = await _damage(rsm, how, HEAD if how == "garbage" else head.objects[-1].name)
+    for _ in range(3):
+        assert await follower.refresh() == 0
+    assert follower.is_loaded() and state_of(follower) == good
+    problem = follower.problem
+    assert problem is not None and (problem.kind, problem.location) == (ProblemKind.DAMAGED, location)
+    assert f"serving generation {follower.head.generation} read before" in str(problem)
+    assert _errors(caplog) == [str(problem)]
+
+
+async def test_a_head_removed_after_it_was_read_is_a_problem_and_the_state_stays(rsm, primary):
+    await history(primary)
+    await publish(rsm, primary.partition_states())
+    follower = await reader(rsm)
+    good = state_of(follower)
+    await rsm.delete_objects([f"{FOLDER}/{HEAD}"])
+    await follower.refresh()
+    assert follower.is_loaded() and state_of(follower) == good
+    assert follower.problem is not None and follower.problem.kind is ProblemKind.NO_METADATA
+    assert follower.problem.location == rsm.object_location(f"{FOLDER}/{HEAD}")
 
 
 async def test_a_store_that_cannot_be_reached_at_start_is_read_once_it_can(rsm, primary, monkeypatch):

@@ -278,7 +278,8 @@ def test_an_unreadable_key_file_is_an_invalid_configuration(tmp_path):
 async def test_with_the_remote_backend_status_reads_the_published_metadata_and_says_when(kafka_cluster, topic,
                                                                                         tmp_path):
     """A read replica's status: the remote range from what was published into the store, and
-    how long ago that was; nothing published yet says nothing of it."""
+    how long ago that was; nothing published under the key prefix is a problem (exit 1)
+    naming where it looked, not a store without remote data."""
     from tierproxy.storage.metadata.bucket import publish
 
     bootstrap = kafka_cluster.bootstrap_servers
@@ -290,9 +291,14 @@ async def test_with_the_remote_backend_status_reads_the_published_metadata_and_s
         tiered = await _tier_prefix(bootstrap, name, 0, 200, rsm, rlmm, tmp_path / "work")
         replica = _write_properties(tmp_path / "replica.properties", bootstrap, tmp_path, [name],
                                     **{"remote.log.metadata.backend": "remote"})
-        unpublished = json.loads(_status(replica, "--json").stdout)
-        assert unpublished["metadata_published_seconds_ago"] is None
-        assert unpublished["partitions"][0]["ry"] is None
+        result = _status(replica, "--json")
+        assert result.returncode == 1
+        unpublished = json.loads(result.stdout)
+        assert unpublished["metadata_published_seconds_ago"] is None and not unpublished["ok"]
+        folder, head = (rsm.object_location(f"__remote_log_metadata/{name}") for name in ("", "head"))
+        (problem,) = unpublished["metadata_problems"]
+        assert problem.startswith(f"no remote log metadata under {folder}: {head} does not exist")
+        assert f"tierproxy status: {problem}" in result.stderr
         await publish(rsm, rlmm.partition_states())
 
     result = _status(replica, "--json")
