@@ -32,6 +32,9 @@ Read replica topics (`topic.<name>.remote.log.read.replica=true`) are listed too
 remote range is the origin's partition's (another topic id, joined by name), Lx, Ly and Lz
 the offsets the proxy serves (all remote, the topic on this cluster is empty), and their
 segments' keys are checked as above: a replica reads them with its own configured keys.
+A replica topic with fewer partitions on this cluster than the origin's (as its pipeline
+publishes the count into the store, else as the remote log metadata knows it) is a problem:
+the partitions it lacks are never served, and `tierproxy replica create` adds them.
 
 Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
 (each such partition is named on stderr), 2 the configuration is invalid or the
@@ -56,9 +59,10 @@ from typing import Any, TextIO, TypeGuard
 
 from aiokafka.errors import KafkaError
 
-from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
+from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError, TopicInfo
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.proxy.filters.replica import ReadReplicas
+from tierproxy.replica import known_partition_counts, published_partition_counts
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
@@ -155,10 +159,11 @@ class Report:
     # (None when nothing was published yet, or with another backend).
     metadata_published_seconds_ago: float | None = None
     replica_topics: frozenset[str] = frozenset()  # topic.<name>.remote.log.read.replica=true
+    topic_problems: tuple[str, ...] = ()  # of whole topics (a replica topic's partitions)
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.partitions)
+        return all(p.ok for p in self.partitions) and not self.topic_problems
 
     def to_json(self) -> dict[str, Any]:
         partitions = []
@@ -170,7 +175,8 @@ class Report:
             partitions.append(entry)
         return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
                 "encryption_keys": [asdict(k) for k in self.encryption_keys],
-                "metadata_published_seconds_ago": self.metadata_published_seconds_ago}
+                "metadata_published_seconds_ago": self.metadata_published_seconds_ago,
+                "topic_problems": list(self.topic_problems)}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -335,6 +341,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
         found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
         published_ago = _published_seconds_ago(rlmm)
+        topic_problems = await _replica_partition_problems(replica_names, topics, rsm, rlmm)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -350,7 +357,22 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             sum(s.segment_size_in_bytes for s in segments), broken_invariants(lx, ly, lz, rx, ry) + key_problems,
             keys, warnings,
         ))
-    return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names)
+    return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names, topic_problems)
+
+
+async def _replica_partition_problems(names: frozenset[str], topics: dict[str, TopicInfo], rsm: RemoteStorageManager,
+                                      rlmm: RemoteLogMetadataManager | None) -> tuple[str, ...]:
+    """Each replica topic of `names` with fewer partitions on this cluster than the origin's,
+    as the origin's pipeline published the count, else as the remote log metadata knows it."""
+    origin = known_partition_counts(rlmm, names) if rlmm is not None else {}
+    origin |= {name: count for name, count in (await published_partition_counts(rsm)).items() if name in names}
+    problems = []
+    for name in sorted(names & topics.keys()):
+        have, count = len(topics[name].partitions), origin.get(name, 0)
+        if have < count:
+            problems.append(f"read replica topic {name} has {have} partitions on this cluster, the origin's {count}: "
+                            f"partitions {have}-{count - 1} are never served; `tierproxy replica create` adds them")
+    return tuple(problems)
 
 
 def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
@@ -393,6 +415,8 @@ def format_table(report: Report) -> str:
 
 
 def report_problems(report: Report, err: TextIO) -> None:
+    for problem in report.topic_problems:
+        print(f"tierproxy status: {problem}", file=err)
     for name in report.missing_topics:
         if name in report.replica_topics:
             print(f"tierproxy status: read replica topic {name} does not exist in the cluster: "
