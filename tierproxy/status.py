@@ -364,6 +364,8 @@ async def _replica_partition_problems(names: frozenset[str], topics: dict[str, T
                                       rlmm: RemoteLogMetadataManager | None) -> tuple[str, ...]:
     """Each replica topic of `names` with fewer partitions on this cluster than the origin's,
     as the origin's pipeline published the count, else as the remote log metadata knows it."""
+    if not names:
+        return ()  # no head to read
     origin = known_partition_counts(rlmm, names) if rlmm is not None else {}
     origin |= {name: count for name, count in (await published_partition_counts(rsm)).items() if name in names}
     problems = []
