@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
@@ -154,18 +154,28 @@ def _check_continuity(remote_end: int | None, m: RemoteLogSegmentMetadata, *, fi
 
 @contextlib.asynccontextmanager
 async def publishing_metadata(rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager,
-                              failed: Callable[[str], None], *, skip: bool = False) -> AsyncIterator[None]:
+                              failed: Callable[[str], None], *, skip: bool = False,
+                              topic_partitions: Callable[[], Awaitable[Mapping[str, int]]] | None = None,
+                              ) -> AsyncIterator[None]:
     """Around a pass: on the way out, however it went, publishes what the metadata store
     holds then (tasks' writes included) into the remote store, for readers with only its
     credentials (`storage.metadata.bucket`); tells `failed` why that failed, if it did.
-    The next pass publishes whatever this one could not."""
+    The next pass publishes whatever this one could not. With it go the tiered topics'
+    partition counts `topic_partitions` reads from the cluster (a read replica's topic
+    needs partitions not tiered yet too); when they cannot be read, those published last stay."""
     try:
         yield
     finally:
         if not skip:
+            counts = None
+            if topic_partitions is not None:
+                try:
+                    counts = await topic_partitions()
+                except Exception as e:  # noqa: BLE001 - the counts published last stay; the metadata still goes
+                    log_failure(log, logging.WARNING, "reading the tiered topics' partition counts to publish", e)
             try:
                 await rlmm.refresh()
-                published = await publish(rsm, rlmm.partition_states())
+                published = await publish(rsm, rlmm.partition_states(), topic_partitions=counts)
                 log.info("remote log metadata generation %d published: %d partition(s) changed%s",
                          published.generation, published.partitions_changed,
                          ", a new snapshot" if published.compacted else "")

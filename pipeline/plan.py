@@ -81,6 +81,14 @@ def copy_range(local_log_start: int, last_stable: int, remote_end: int | None) -
     return start, max(start, last_stable)
 
 
+async def tiered_partition_counts(config: Config, cluster: Cluster) -> dict[str, int]:
+    """Each tiered topic present in the cluster -> its partition count in the cluster's
+    metadata, whatever of it is tiered yet (what a read replica's topic must have)."""
+    names = [t.name for t in config.tiered_topics]
+    topics = await cluster.topics(names) if names else {}
+    return {name: len(info.partitions) for name, info in topics.items()}
+
+
 async def plan_pass(
     config: Config, cluster: Cluster, rlmm: RemoteLogMetadataManager, *, metadata_timeout_s: float = 30.0,
     unplanned: dict[tuple[str, int], str] | None = None,

@@ -90,7 +90,7 @@ from .copy import CopyResult, copy_task, metadata_manager
 from .dry_run import dry_pass
 from .failures import log_failure, one_line
 from .metrics import PipelineMetrics
-from .plan import PartitionPlan, plan_pass
+from .plan import PartitionPlan, plan_pass, tiered_partition_counts
 from .remote_log_stats import RemoteLogStats, remote_log_stats
 from .remote_storage_disable import RemoteStorageDisableResult, apply_remote_storage_disable
 
@@ -288,7 +288,9 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
                           "its `file` or `topic` store and publishes it into the remote store itself")
     # After the pass's last commit, even one that stopped it: the bucket is never ahead of the store.
     async with Cluster.from_config(config) as cluster, remote_storage_manager(config) as rsm, \
-            metadata_manager(config) as rlmm, publishing_metadata(rlmm, rsm, report.publish_failed, skip=dry_run):
+            metadata_manager(config) as rlmm, publishing_metadata(
+                rlmm, rsm, report.publish_failed, skip=dry_run,
+                topic_partitions=lambda: tiered_partition_counts(config, cluster)):
         plans = await plan_pass(config, cluster, rlmm, unplanned=report.unplanned)
         summaries = {(p.topic, p.partition): PartitionSummary(p) for p in plans}
         report.partitions = list(summaries.values())

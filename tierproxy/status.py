@@ -35,6 +35,9 @@ segments' keys are checked as above: a replica reads them with its own configure
 replica partition the remote log metadata does not name is a problem (the proxy answers it
 REPLICA_NOT_AVAILABLE), and so is remote log metadata that is missing under the store's key
 prefix or has an object that does not read (named, with the bucket and prefix).
+A replica topic with fewer partitions on this cluster than the origin's (as its pipeline
+publishes the count into the store, else as the remote log metadata knows it) is a problem:
+the partitions it lacks are never served, and `tierproxy replica create` adds them.
 
 Exit codes: 0 every invariant holds, every segment is readable and its key configured, 1 otherwise
 (each such partition, or the metadata object, is named on stderr), 2 the configuration is invalid or the
@@ -59,9 +62,10 @@ from typing import Any, TextIO, TypeGuard
 
 from aiokafka.errors import KafkaError
 
-from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError
+from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError, TopicInfo
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.proxy.filters.replica import ReadReplicas
+from tierproxy.replica import known_partition_counts, published_partition_counts
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
@@ -159,10 +163,11 @@ class Report:
     metadata_published_seconds_ago: float | None = None
     replica_topics: frozenset[str] = frozenset()  # topic.<name>.remote.log.read.replica=true
     metadata_problems: list[str] = field(default_factory=list)  # the remote log metadata as a whole
+    topic_problems: tuple[str, ...] = ()  # of whole topics (a replica topic's partitions)
 
     @property
     def ok(self) -> bool:
-        return not self.metadata_problems and all(p.ok for p in self.partitions)
+        return not self.metadata_problems and not self.topic_problems and all(p.ok for p in self.partitions)
 
     def to_json(self) -> dict[str, Any]:
         partitions = []
@@ -175,7 +180,7 @@ class Report:
         return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
                 "encryption_keys": [asdict(k) for k in self.encryption_keys],
                 "metadata_published_seconds_ago": self.metadata_published_seconds_ago,
-                "metadata_problems": self.metadata_problems}
+                "metadata_problems": self.metadata_problems, "topic_problems": list(self.topic_problems)}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -360,6 +365,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
         found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
         published_ago = _published_seconds_ago(rlmm)
+        topic_problems = await _replica_partition_problems(replica_names, topics, rsm, rlmm)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -376,7 +382,24 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             unnamed[tp] + broken_invariants(lx, ly, lz, rx, ry) + key_problems, keys, warnings,
         ))
     return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names,
-                  metadata_problems)
+                  metadata_problems, topic_problems)
+
+
+async def _replica_partition_problems(names: frozenset[str], topics: dict[str, TopicInfo], rsm: RemoteStorageManager,
+                                      rlmm: RemoteLogMetadataManager | None) -> tuple[str, ...]:
+    """Each replica topic of `names` with fewer partitions on this cluster than the origin's,
+    as the origin's pipeline published the count, else as the remote log metadata knows it."""
+    if not names:
+        return ()  # no head to read
+    origin = known_partition_counts(rlmm, names) if rlmm is not None else {}
+    origin |= {name: count for name, count in (await published_partition_counts(rsm)).items() if name in names}
+    problems = []
+    for name in sorted(names & topics.keys()):
+        have, count = len(topics[name].partitions), origin.get(name, 0)
+        if have < count:
+            problems.append(f"read replica topic {name} has {have} partitions on this cluster, the origin's {count}: "
+                            f"partitions {have}-{count - 1} are never served; `tierproxy replica create` adds them")
+    return tuple(problems)
 
 
 def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
@@ -419,7 +442,7 @@ def format_table(report: Report) -> str:
 
 
 def report_problems(report: Report, err: TextIO) -> None:
-    for problem in report.metadata_problems:
+    for problem in (*report.metadata_problems, *report.topic_problems):
         print(f"tierproxy status: {problem}", file=err)
     for name in report.missing_topics:
         if name in report.replica_topics:

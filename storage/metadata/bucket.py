@@ -5,7 +5,9 @@ credentials only: a read replica in front of another cluster, or a fast first st
 Objects, under the store's key prefix (`<prefix>/__remote_log_metadata/`):
 
     head                          JSON: format, generation, published_ms, the sections
-                                  objects in the order they apply, the index
+                                  objects in the order they apply, the index, and each
+                                  tiered topic's partition count in the origin cluster
+                                  (`topic_partitions`; absent from heads published before)
     <generation>-<n>.sections     "RLMBKT01", partition count (uint32), then one
                                   `snapshot.py` section (a partition's whole state) each
     <generation>.index            (topic id, partition, CRC of its section) per partition
@@ -36,7 +38,7 @@ import json
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,14 +86,20 @@ class Head:
     objects: tuple[StoredObject, ...]  # sections objects, in the order they apply
     snapshot_objects: int  # how many of them, first, are the snapshot
     index: StoredObject | None
+    # Tiered topic -> its partition count in the origin cluster's metadata, tiered or not
+    # (a read replica's topic needs them all); None in a head published without them.
+    topic_partitions: Mapping[str, int] | None = None
 
     def encode(self) -> bytes:
         def obj(o: StoredObject) -> dict[str, object]:
             return {"name": o.name, "bytes": o.size, "crc32c": o.crc}
 
-        return json.dumps({"format": FORMAT, "generation": self.generation, "published_ms": self.published_ms,
-                           "snapshot_objects": self.snapshot_objects, "objects": [obj(o) for o in self.objects],
-                           "index": obj(self.index) if self.index else None}).encode()
+        doc = {"format": FORMAT, "generation": self.generation, "published_ms": self.published_ms,
+               "snapshot_objects": self.snapshot_objects, "objects": [obj(o) for o in self.objects],
+               "index": obj(self.index) if self.index else None}
+        if self.topic_partitions is not None:
+            doc["topic_partitions"] = dict(sorted(self.topic_partitions.items()))
+        return json.dumps(doc).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Head:
@@ -103,9 +111,11 @@ class Head:
             def obj(o: dict[str, object]) -> StoredObject:
                 return StoredObject(str(o["name"]), int(o["bytes"]), int(o["crc32c"]))  # type: ignore[call-overload]  # JSON numbers
 
+            counts = doc.get("topic_partitions")
             return cls(int(doc["generation"]), int(doc["published_ms"]), tuple(obj(o) for o in doc["objects"]),
-                       int(doc["snapshot_objects"]), obj(doc["index"]) if doc["index"] else None)
-        except (ValueError, KeyError, TypeError) as exc:
+                       int(doc["snapshot_objects"]), obj(doc["index"]) if doc["index"] else None,
+                       None if counts is None else {str(name): int(n) for name, n in counts.items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MetadataDecodeError(f"remote log metadata head does not decode: {exc}") from exc
 
 
@@ -195,12 +205,15 @@ class Publication:
 
 
 async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
-                  *, now_ms: int | None = None,
+                  *, topic_partitions: Mapping[str, int] | None = None, now_ms: int | None = None,
                   snapshot_object_bytes: int = SNAPSHOT_OBJECT_BYTES) -> Publication:
     """Publishes `states` (every partition of the metadata store, read after its commits)
     into the store: the partitions that differ from what the bucket's index says, or a new
     snapshot of them all when one is due. The head is written last, and always (its
-    `published_ms` tells readers the publisher is alive)."""
+    `published_ms` tells readers the publisher is alive). It carries `topic_partitions`
+    (the origin's partition count of each tiered topic) over the counts the head before
+    carried: a topic this publication does not count (the cluster could not be read, the
+    topic is no longer tiered) keeps the count published last."""
     bucket = BucketMetadata(rsm)
     head = await bucket.head()
     published = decode_index(await bucket.read(head.index)) if head and head.index else {}
@@ -228,8 +241,10 @@ async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
     else:
         index = await bucket.write(f"{generation:020d}.index", encode_index(crcs))
         written.append(index)
+    counts = None if topic_partitions is None and (head is None or head.topic_partitions is None) else {
+        **((head.topic_partitions or {}) if head else {}), **(topic_partitions or {})}
     new_head = Head(generation, now_ms if now_ms is not None else int(time.time() * 1000), objects,
-                    snapshot_objects, index)
+                    snapshot_objects, index, counts)
     await rsm.put_object(bucket.key(HEAD), new_head.encode())  # last: the publication is whole now
     if compact and head is not None:
         await _remove_unnamed(bucket, (head, new_head))

@@ -138,17 +138,20 @@ async def test_replica_create_made_the_topic_empty_with_the_origins_partitions(o
     assert await asyncio.to_thread(main, ["replica", "create", "--config", str(replica_file)]) == 0
 
 
-async def test_replica_create_refuses_a_topic_with_another_partition_count(origin, replica_settings, kafka_cluster,
-                                                                          tmp_path, capsys):
-    """On a cluster where the topic exists with one partition, not the origin's two."""
-    kafka_cluster.create_topic(origin.topic, partitions=1)
+async def test_replica_create_refuses_a_topic_with_more_partitions_than_the_origins(origin, replica_settings,
+                                                                                    kafka_cluster, tmp_path, capsys):
+    """On a cluster where the topic exists with three partitions, more than the origin's two:
+    Kafka removes no partition. (One with fewer gets the missing ones: test_replica_create.)"""
+    more = PARTITIONS + 1
+    kafka_cluster.create_topic(origin.topic, partitions=more)
     try:
         path = write_properties(tmp_path / "wrong.properties",
                                 {**replica_settings, "bootstrap.servers": kafka_cluster.bootstrap_servers})
         assert await asyncio.to_thread(main, ["replica", "create", "--config", str(path)]) == 1
     finally:
         kafka_cluster.delete_topic(origin.topic)
-    assert f"{origin.topic} exists on this cluster with 1 partitions; its remote log has {PARTITIONS}" in \
+    assert (f"{origin.topic} exists on this cluster with {more} partitions, more than the origin's {PARTITIONS}: "
+            f"Kafka removes no partition, and partitions {PARTITIONS}-{more - 1} have no remote log") in \
         capsys.readouterr().err
 
 

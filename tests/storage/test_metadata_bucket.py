@@ -5,6 +5,7 @@ reads a torn publication, and cannot write."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -21,8 +22,10 @@ from tierproxy.storage.metadata.bucket import (
     MAX_CHANGE_OBJECTS,
     BucketMetadata,
     BucketRemoteLogMetadataManager,
+    Head,
     publish,
 )
+from tierproxy.storage.metadata.serde import MetadataDecodeError
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.s3 import S3RemoteStorageManager
 from tierproxy.storage.model import (RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState,
@@ -308,3 +311,28 @@ async def test_a_store_that_refuses_the_read_stops_the_start(rsm, monkeypatch):
     with pytest.raises(RemoteStorageError, match="NoSuchBucket"):
         await follower.start()
     await follower.close()
+
+
+async def test_the_head_carries_the_origins_partition_counts_over_publications(rsm, primary):
+    """Each publication's counts go over those published before: a topic it does not count
+    (the cluster could not be read) keeps its last count."""
+    await history(primary)
+    bucket = BucketMetadata(rsm)
+    await publish(rsm, primary.partition_states(), topic_partitions={"wide": 6, "narrow": 2})
+    assert (await bucket.head()).topic_partitions == {"wide": 6, "narrow": 2}
+    await publish(rsm, primary.partition_states(), topic_partitions={"wide": 8})
+    assert (await bucket.head()).topic_partitions == {"wide": 8, "narrow": 2}
+    await publish(rsm, primary.partition_states())
+    assert (await bucket.head()).topic_partitions == {"wide": 8, "narrow": 2}
+
+
+async def test_a_head_published_before_the_counts_is_read_without_them(rsm, primary):
+    await history(primary)
+    await publish(rsm, primary.partition_states())
+    raw = json.loads(await rsm.get_object(BucketMetadata.key(HEAD)))
+    assert "topic_partitions" not in raw  # as a pipeline before the counts wrote it
+    assert (await BucketMetadata(rsm).head()).topic_partitions is None
+    follower = await reader(rsm)
+    assert state_of(follower) == state_of(primary)
+    with pytest.raises(MetadataDecodeError, match="does not decode"):
+        Head.decode(json.dumps({**raw, "topic_partitions": ["wide"]}).encode())
