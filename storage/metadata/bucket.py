@@ -215,13 +215,12 @@ async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
     carried: a topic this publication does not count (the cluster could not be read, the
     topic is no longer tiered) keeps the count published last."""
     bucket = BucketMetadata(rsm)
-    head = await bucket.head()
-    published = decode_index(await bucket.read(head.index)) if head and head.index else {}
+    head, published = await _published(bucket)
     sections = {p.tp: encode_partition(p) for p in states}
     crcs = {tp: _section_crc(s) for tp, s in sections.items()}
     changed = [s for tp, s in sections.items() if published.get((tp.topic_id.bytes, tp.partition)) != crcs[tp]]
     generation, objects, snapshot_objects = (head.generation + 1, head.objects, head.snapshot_objects) if head \
-        else (1, (), 0)
+        else (await _next_generation(bucket), (), 0)
     changes = objects[snapshot_objects:]
     snapshot_bytes = sum(o.size for o in objects[:snapshot_objects])
     change_bytes = sum(o.size for o in changes) + sum(map(len, changed))
@@ -249,6 +248,29 @@ async def publish(rsm: RemoteStorageManager, states: Iterable[PartitionState],
     if compact and head is not None:
         await _remove_unnamed(bucket, (head, new_head))
     return Publication(generation, len(changed), len(written), compact)
+
+
+async def _published(bucket: BucketMetadata) -> tuple[Head | None, dict[tuple[bytes, int], int]]:
+    """The head and the index it names. A head or index that is damaged or missing is
+    published over, whole: readers keep their last good state until then, and only a
+    publication can mend what they read."""
+    try:
+        head = await bucket.head()
+        return head, (decode_index(await bucket.read(head.index)) if head and head.index else {})
+    except (MetadataDecodeError, RemoteResourceNotFound) as e:
+        log.warning("the remote log metadata in %s cannot be read (%s): publishing every partition's state anew",
+                    bucket.key(HEAD), e)
+        return None, {}
+
+
+async def _next_generation(bucket: BucketMetadata) -> int:
+    """Above every generation an object in the folder carries, so that no reader takes a
+    fresh snapshot for one it has applied."""
+    folder = bucket.key("")
+    generations = [int(n.removeprefix(folder).split("-")[0].split(".")[0])
+                   for n in await bucket.rsm.list_objects(folder)
+                   if n.removeprefix(folder)[:20].isdigit()]
+    return max(generations, default=0) + 1
 
 
 async def _remove_unnamed(bucket: BucketMetadata, heads: Iterable[Head]) -> None:

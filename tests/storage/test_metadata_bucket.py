@@ -263,6 +263,24 @@ async def test_a_reader_keeps_its_last_good_state_over_a_damaged_publication(rsm
     assert _errors(caplog) == [str(problem)]
 
 
+@pytest.mark.parametrize("damage", ["garbage head", "truncated index", "missing index"])
+async def test_the_next_publication_mends_a_damaged_head_or_index(rsm, primary, damage, caplog):
+    """The pipeline publishes over what it cannot read, whole, at a generation above every
+    object in the folder: a reader that kept its last good state takes the new one."""
+    head, _, _ = await _published_twice(rsm, primary)
+    follower = await reader(rsm)
+    how, name = {"garbage head": ("garbage", HEAD), "truncated index": ("truncated", head.index.name),
+                 "missing index": ("missing", head.index.name)}[damage]
+    await _damage(rsm, how, name)
+    await tier(primary, TPS[1], 300, 399, epoch=3)
+    publication = await publish(rsm, primary.partition_states())
+    assert publication.compacted and publication.generation > head.generation
+    assert any("publishing every partition's state anew" in r.getMessage() for r in caplog.records)
+    await follower.refresh()
+    assert follower.problem is None and state_of(follower) == state_of(primary)
+    await follower.close()
+
+
 async def test_a_head_removed_after_it_was_read_is_a_problem_and_the_state_stays(rsm, primary):
     await history(primary)
     await publish(rsm, primary.partition_states())
