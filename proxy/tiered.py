@@ -81,12 +81,20 @@ class RemoteTier:
         await self.rsm.close()
 
     async def _refresh_metadata(self) -> None:
+        failing: str | None = None  # the failure logged last: a lasting one is logged once, not every second
         while True:
             await asyncio.sleep(METADATA_REFRESH_S)
             try:
                 await self.rlmm.refresh()
-            except Exception:  # a bad read now is retried next time; serving goes on
-                log.exception("refreshing the remote log metadata failed")
+            except Exception as e:  # a bad read now is retried next time; serving goes on
+                if repr(e) != failing:
+                    log.exception("refreshing the remote log metadata failed (retried every %.0f s, logged again "
+                                  "when the failure changes)", METADATA_REFRESH_S)
+                failing = repr(e)
+            else:
+                if failing is not None:
+                    log.info("the remote log metadata is refreshed again")
+                failing = None
 
     def remote_log_start(self, tp: TopicIdPartition) -> int | None:
         """The remote log start offset, or None when the partition has nothing remote.

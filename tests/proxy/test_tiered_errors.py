@@ -43,3 +43,32 @@ async def test_failures_are_counted_by_cause_and_logged_once_per_interval(tmp_pa
         assert value("tierproxy_remote_read_errors_total", {"topic": tp.topic, "reason": "metadata_not_ready"}) == 1
         assert not_available(tp.topic, "metadata_not_ready") == 0  # answered REPLICA_NOT_AVAILABLE
         await tier.engine.close()
+
+
+async def test_a_lasting_metadata_refresh_failure_is_logged_once_until_it_changes(tmp_path, caplog, monkeypatch):
+    """The file and topic backends are refreshed every second: a damaged metadata file
+    must not write a traceback every second, only when the failure starts or changes."""
+    import asyncio
+    from tierproxy.proxy import tiered
+
+    config = parse({"bootstrap.servers": "127.0.0.1:9092"})
+    monkeypatch.setattr(tiered, "METADATA_REFRESH_S", 0.01)
+    failures = [ValueError("bad record at 7")] * 20 + [ValueError("bad record at 9")] * 20 + [None] * 5
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        async def refresh() -> None:
+            failure = failures.pop(0) if failures else None
+            if failure is not None:
+                raise failure
+
+        monkeypatch.setattr(rlmm, "refresh", refresh)
+        tier = RemoteTier(config, rsm=rsm, rlmm=rlmm, registry=CollectorRegistry())
+        with caplog.at_level(logging.INFO, logger="tierproxy.tiered"):
+            task = asyncio.get_running_loop().create_task(tier._refresh_metadata())
+            while failures:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            task.cancel()
+        lines = [r.getMessage() for r in caplog.records if "refresh" in r.getMessage()]
+        assert len(lines) == 3, lines
+        assert "failed" in lines[0] and "failed" in lines[1] and "refreshed again" in lines[2]
+        await tier.engine.close()
