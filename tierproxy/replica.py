@@ -102,10 +102,12 @@ async def origin_partition_counts(config: Config) -> OriginPartitions:
         return OriginPartitions(counts)
     async with remote_log_metadata_manager(config, read_only=True) as rlmm:
         known = known_partition_counts(rlmm, rest)
+        problem = rlmm.problem
     missing = sorted(rest - set(known))
     if missing:
-        raise ReplicaError(f"no remote log metadata of {', '.join(missing)}: nothing of it is tiered yet, or "
-                           f"remote.log.metadata.* name another store than the origin's")
+        why = str(problem) if problem is not None else (
+            "nothing of it is tiered yet, or remote.log.metadata.* name another store than the origin's")
+        raise ReplicaError(f"no remote log metadata of {', '.join(missing)}: {why}")
     return OriginPartitions(counts | known, frozenset(known))
 
 
