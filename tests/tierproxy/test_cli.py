@@ -72,6 +72,19 @@ def test_a_broker_address_without_a_port_is_one_line_for_every_command(tmp_path)
         assert "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port" in done.stderr, done.stderr
 
 
+def test_tier_says_where_the_pipelines_metrics_port_went(tmp_path):
+    from testbed.ports import free_port
+
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text(f"bootstrap.servers=127.0.0.1:{free_port()}\nmetrics.port=9500\n"
+                          f"remote.log.metadata.dir={tmp_path / 'metadata'}\n")
+    done = subprocess.run([str(TIERPROXY), "tier", "--config", str(properties)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr  # no broker there
+    assert "metrics.port=9500 is the metrics port of `tierproxy serve` only; `tierproxy tier --every` serves " \
+           "its metrics on pipeline.metrics.port (9405, its default)" in done.stderr, done.stderr
+
+
 def test_serve_logs_at_the_level_asked_for(tmp_path):
     """--log-level ERROR hides the WARNING an unreachable broker gives, and reaches the workers."""
     from testbed.ports import free_ports
