@@ -616,7 +616,8 @@ class Config:
     values: Mapping[str, Any]
     topics: Mapping[str, TopicConfig] = field(default_factory=dict)
     source: str = "<defaults>"
-    given: frozenset[str] = frozenset()  # the names the file and its overrides set
+    # The names the file and its overrides set: how it was written, not what it says.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     @overload
     def __getitem__(self, name: ConfigKey[T]) -> T: ...
