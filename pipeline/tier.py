@@ -188,6 +188,13 @@ class PassReport:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def retry_soon(self) -> bool:
+        """Whether this failed pass is worth another before the interval is over: not when
+        all it reports are trims stopped by damaged remote segments, which stay until they
+        are repaired (a quick retry would only repeat its ERROR lines)."""
+        return len(self.errors) > (getattr(self.retention, "trims_stopped", None) or 0)
+
     def publish_failed(self, error: str) -> None:
         self.publish_error = error
 
@@ -461,9 +468,11 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
         while not stop.is_set():
             passes += 1
             started = time.monotonic()
+            retry_soon = True
             try:
                 report = run_pass(config, spark, stream=stream, output=output, as_json=as_json)
                 failures = 0 if report.ok else failures + 1
+                retry_soon = report.retry_soon
                 if metrics is not None:
                     metrics.record(report)
             except Exception as e:
@@ -475,7 +484,8 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
                 log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:
                 break
-            wait_ms = interval_ms if failures == 0 else min(interval_ms, backoff.backoff_ms(failures - 1))
+            # A failure a retry may mend (the store, the cluster) is retried with the backoff.
+            wait_ms = min(interval_ms, backoff.backoff_ms(failures - 1)) if failures and retry_soon else interval_ms
             stop.wait(wait_ms / 1000)
     finally:
         for signum, handler in previous.items():
