@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
 from tierproxy.config import Config, ConfigError, PROXY_LISTENER_HOST, PROXY_LISTENER_SHARED, load
-from tierproxy.storage.errors import RemoteLogMetadataError
+from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if count > 1:
             return supervise(config, count, _config_arguments(args))
         uvloop.run(serve(config, worker=worker))
-    except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
+    except (ConfigError, OSError, KafkaError, RemoteLogMetadataError, RemoteStorageError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return WORKER_CANNOT_START if worker else 1
     finally:
