@@ -45,7 +45,7 @@ from pathlib import Path
 import crc32c
 from cachetools import LRUCache
 
-from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound
+from tierproxy.storage.errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteSegmentNotFound
 from tierproxy.storage.files import TEMP_SUFFIX, write_atomically
 from tierproxy.storage.indexes import CorruptIndexError, OffsetIndex, TimeIndex, TransactionIndex
 from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata
@@ -228,6 +228,8 @@ class RemoteIndexCache:
                 return self._keep(segment, index_type, data, write=False)
         try:
             data = await self.rsm.fetch_index(segment, index_type)
+        except RemoteSegmentNotFound:
+            raise  # no manifest (yet): nothing is known of its indexes, keep nothing
         except RemoteResourceNotFound:
             if index_type is not IndexType.TRANSACTION:
                 raise

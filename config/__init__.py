@@ -616,6 +616,8 @@ class Config:
     values: Mapping[str, Any]
     topics: Mapping[str, TopicConfig] = field(default_factory=dict)
     source: str = "<defaults>"
+    # The names the file and its overrides set: how it was written, not what it says.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     @overload
     def __getitem__(self, name: ConfigKey[T]) -> T: ...
@@ -753,7 +755,20 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
         raise ConfigError(str(e)) from None
     topics = {name: _topic_config(name, overrides, values) for name, overrides in topic_overrides.items()}
     _check_encryption(values, topics)
-    return Config(values=values, topics=topics, source=source)
+    return Config(values=values, topics=topics, source=source, given=frozenset(properties))
+
+
+def moved_key_warnings(config: Config) -> list[str]:
+    """Keys set for what now has a key of its own: the pipeline's metrics endpoint was on
+    metrics.port before pipeline.metrics.port. Still valid (it is `serve`'s port), so a
+    warning naming where the setting went, as Kafka logs for a renamed config."""
+    if METRICS_PORT.name not in config.given or PIPELINE_METRICS_PORT.name in config.given:
+        return []
+    port = config[PIPELINE_METRICS_PORT]
+    return [f"{METRICS_PORT.name}={config[METRICS_PORT]} is the metrics port of `tierproxy serve` only; "
+            f"`tierproxy tier --every` serves its metrics on {PIPELINE_METRICS_PORT.name}"
+            f"{f' ({port}, its default)' if port else ''}: set {PIPELINE_METRICS_PORT.name} to move it "
+            "(0 turns the pipeline's endpoint off)"]
 
 
 def _check_encryption(values: Mapping[str, Any], topics: Mapping[str, TopicConfig]) -> None:

@@ -73,7 +73,7 @@ from tierproxy.config import (
 from tierproxy.config.properties import read_properties
 from tierproxy.protocol.records import Batch
 from tierproxy.remote_log.reader import RemoteLogReader
-from tierproxy.storage.errors import RemoteResourceNotFound
+from tierproxy.storage.errors import RemoteResourceNotFound, RemoteSegmentNotFound
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.indexes import AbortedTxn, ProducerState
 from tierproxy.storage.metadata import RemoteLogMetadataManager
@@ -364,6 +364,8 @@ async def _first_undecided_offset(reader: RemoteLogReader, last: RemoteLogSegmen
     """First offset of the oldest transaction still open after the last remote segment."""
     try:
         snapshot = await reader.rsm.fetch_index(last, IndexType.PRODUCER_SNAPSHOT)
+    except RemoteSegmentNotFound:
+        raise  # the segment itself is missing, not only its snapshot
     except RemoteResourceNotFound:
         return None
     return ProducerState.from_snapshot(snapshot).first_undecided_offset

@@ -5,7 +5,9 @@ The pass's own steps run against the real cluster and store, read-only: the plan
 store and metadata that only record what would be uploaded and added, so that the segments
 are cut exactly as a pass cuts them; then local retention's rule (`local_retention.local_trim`)
 and remote retention's (`remote_retention.expired_segments`) over the remote log as it would
-be after those segments commit. Nothing is written to the store or the metadata, and no
+be after those segments commit, with the check of the remote segments a trim would leave
+only remote (`local_retention.damaged_segments`): a damaged one stops that trim, reported
+as the pass reports it, so the dry run fails where the pass would. Nothing is written to the store or the metadata, and no
 DeleteRecords is sent. The result is a PassReport, printed like a pass's summary.
 
 What a dry run shows is what a pass started right after it does, as long as the data, the
@@ -15,6 +17,7 @@ clock (time retention) and the store stay as they are.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -28,11 +31,13 @@ from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.client.cluster import Cluster
 from .copy import copy_partition
-from .local_retention import LocalRetentionLimits, LocalTrim, local_trim
+from .failures import log_failure
+from .local_retention import LocalRetentionLimits, LocalTrim, TrimDecision, damaged_segments, local_trim, trim_stopped
 from .plan import PartitionPlan
 from .remote_retention import RemoteExpiry, expired_segments
 
 S = RemoteLogSegmentState
+log = logging.getLogger(__name__)
 
 
 class _Recording:
@@ -66,6 +71,31 @@ async def dry_copy(config: Config, cluster: Cluster, rsm: RemoteStorageManager, 
     return [dataclasses.replace(m, state=S.COPY_SEGMENT_FINISHED) for m in recording.added], result.pending_bytes
 
 
+async def _trim_checked(rsm: RemoteStorageManager, retention: Any, plan: PartitionPlan, trim: TrimDecision,
+                        existing: list[RemoteLogSegmentMetadata]) -> bool:
+    """Whether the pass would trim as `trim` says: the segments it leaves only remote that are
+    in the store already are checked as the pass checks them (those it would copy first are
+    checked by the pass after their copy). Otherwise the partition's failure is in
+    `retention` (a RetentionReport), as the pass would report it."""
+    from .retention import LOCAL_RETENTION, RetentionFailure
+
+    tp = plan.topic_id_partition
+    stored = {m.segment_id for m in existing}
+    try:
+        damaged = await damaged_segments(rsm, [s for s in trim.segments if s.segment_id in stored])
+    except Exception as e:  # the store cannot be asked: the pass would fail this partition's trim too
+        error = log_failure(log, logging.WARNING, f"dry run: local retention of {tp}", e)
+        retention.failures.append(RetentionFailure(LOCAL_RETENTION, str(tp), error))
+        return False
+    for damage in damaged:
+        log.error("dry run: local retention of %s would stop at log start offset %d: %s",
+                  tp, plan.local_log_start_offset, damage)
+    if damaged:
+        retention.damaged += damaged
+        retention.failures.append(RetentionFailure(LOCAL_RETENTION, str(tp), trim_stopped("trim would stop", damaged)))
+    return not damaged
+
+
 async def dry_pass(config: Config, cluster: Cluster, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager,
                    report: Any, plans: list[PartitionPlan], *, retention: bool) -> None:
     """Fills `report` (a PassReport whose partitions are `plans`) with what a pass would do."""
@@ -91,7 +121,7 @@ async def dry_pass(config: Config, cluster: Cluster, rlmm: RemoteLogMetadataMana
         topic = config.topic(plan.topic)
         trim = local_trim(segments, plan.local_log_start_offset, ends[(plan.topic, plan.partition)].offset,
                           LocalRetentionLimits.of(topic), now_ms)
-        if trim is not None:
+        if trim is not None and await _trim_checked(rsm, report.retention, plan, trim, existing):
             report.retention.trimmed.append(LocalTrim(
                 tp, plan.local_log_start_offset, trim.new_log_start_offset, len(trim.segments),
                 sum(s.segment_size_in_bytes for s in trim.segments), trim.reason))

@@ -128,6 +128,19 @@ def local_trim(
     return TrimDecision(covering[count - 1].end_offset + 1, tuple(covering[:count]), reason)
 
 
+async def damaged_segments(rsm: RemoteStorageManager,
+                           segments: Sequence[RemoteLogSegmentMetadata]) -> list[SegmentDamage]:
+    """The segments of a trim that are not intact where they are stored (size and CRC-32C of
+    every object): any one stops the trim. A pass and a dry run check alike."""
+    checked = await check_segments(rsm, segments, check_crc=True, concurrency=SEGMENT_CHECKS)
+    return [c for c in checked if isinstance(c, SegmentDamage)]
+
+
+def trim_stopped(what: str, damaged: Sequence[SegmentDamage]) -> str:
+    """A partition's failure for a trim its damaged segments stop."""
+    return f"{what}: " + "; ".join(map(str, damaged))
+
+
 @dataclass(slots=True)
 class LocalRetentionResult:
     trimmed: list[LocalTrim]
@@ -167,13 +180,12 @@ async def apply_local_retention(
             )
             if decision is None:
                 return
-            checked = await check_segments(rsm, decision.segments, check_crc=True, concurrency=SEGMENT_CHECKS)
-            damaged = [c for c in checked if isinstance(c, SegmentDamage)]
+            damaged = await damaged_segments(rsm, decision.segments)
             if damaged:
                 for damage in damaged:
                     log.error("local retention of %s stopped at log start offset %d: %s", tp, log_start, damage)
                 result.damaged += damaged
-                result.failures.append((str(tp), "trim stopped: " + "; ".join(map(str, damaged))))
+                result.failures.append((str(tp), trim_stopped("trim stopped", damaged)))
                 return
             low_watermarks = await cluster.delete_records(topics, {(name, partition): decision.new_log_start_offset})
             new_start = low_watermarks[(name, partition)]

@@ -105,6 +105,11 @@ class PipelineMetrics:
         self.last_success = Gauge(
             "tierproxy_tier_last_success_timestamp_seconds",
             "Unix time at which the last tiering pass without an error ended.", registry=r)
+        self.last_progress = Gauge(
+            "tierproxy_tier_last_progress_timestamp_seconds",
+            "Unix time at which the pipeline last showed it works: a pass without an error ended, or a "
+            "pass copied a partition the pass before it failed (what failed it is back) while it runs.",
+            registry=r)
         # (topic, partition) -> (bytes, segments) of the copy lag last measured
         self._copy_lag: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -114,11 +119,16 @@ class PipelineMetrics:
         self.passes_failed.inc()
         self.pass_seconds.observe(seconds)
 
+    def recovered(self) -> None:
+        """A running pass copied a partition that the pass before it failed."""
+        self.last_progress.set_to_current_time()
+
     def record(self, report: PassReport, *, now: float | None = None) -> None:
         self.passes.inc()
         self.pass_seconds.observe(report.seconds)
         if report.ok:
             self.last_success.set(time.time() if now is None else now)
+            self.last_progress.set(time.time() if now is None else now)
         else:
             self.passes_failed.inc()
         self._record_copies(report)

@@ -64,12 +64,17 @@ class CopyProgress:
         done = self.accumulator.value
         return sum(b for b, _ in done.values()), sum(s for _, s in done.values())
 
-    def poll(self, *, final: bool = False) -> None:
+    def poll(self, *, final: bool = False) -> list[str]:
+        """Prints what finished since the last poll; returns the partitions of it that copied
+        a segment or more."""
         done = dict(self.accumulator.value)
+        copied = []
         for key in sorted(set(done) - self._reported):
             size, segments = done[key]
             self._reported.add(key)
             self._print(f"{key}: {segments} segment(s), {size / MB:.1f} MB copied")
+            if segments:
+                copied.append(key)
         now = time.monotonic()
         if final or now - self._last_total >= self.interval_s:
             self._last_total = now
@@ -79,3 +84,4 @@ class CopyProgress:
             retried = f", {failed} failed attempt(s)" if failed else ""
             self._print(f"{len(done)}/{self.partitions} partitions copied, {running} running{retried}, "
                         f"{total / MB:.1f} MB, {total / MB / elapsed:.1f} MB/s")
+        return copied

@@ -63,6 +63,12 @@ class RetentionReport:
     def ok(self) -> bool:
         return not self.failures
 
+    @property
+    def trims_stopped(self) -> int:
+        """The failures that are trims stopped by damaged remote segments (`damaged`)."""
+        partitions = {str(d.segment.topic_id_partition) for d in self.damaged}
+        return sum(1 for f in self.failures if f.step == LOCAL_RETENTION and f.partition in partitions)
+
 
 async def run_retention(
     config: Config,

@@ -72,7 +72,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -188,6 +188,22 @@ class PassReport:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def retry_soon(self) -> bool:
+        """Whether this failed pass is worth another before the interval is over: not when
+        all it reports are trims stopped by damaged remote segments, which stay until they
+        are repaired (a quick retry would only repeat its ERROR lines)."""
+        return len(self.errors) > (getattr(self.retention, "trims_stopped", None) or 0)
+
+    @property
+    def failed_partitions(self) -> set[str] | None:
+        """The partitions ("topic-partition") this pass failed; None when it failed as a whole."""
+        if self.error or self.publish_error:
+            return None
+        failed = {p.name for p in self.partitions if p.error}
+        failed |= {f"{topic}-{partition}" for topic, partition in self.unplanned}
+        return failed | {f.partition for f in getattr(self.retention, "failures", None) or []}
+
     def publish_failed(self, error: str) -> None:
         self.publish_error = error
 
@@ -236,7 +252,10 @@ def copy_quota_share(config: Config, spark: Any, tasks: int) -> QuotaSettings:
     return copy_quota_settings(config).share(min(tasks, task_slots(spark)))
 
 
-def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO) -> list[TaskOutcome]:
+def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream: TextIO,
+                  on_copied: Callable[[str], None] | None = None) -> list[TaskOutcome]:
+    """The copy tasks of `plans` on Spark; `on_copied("topic-partition")` as each task that
+    copied a segment or more finishes, while the others still run."""
     from .progress import CopyProgress
     from .spark import max_task_attempts
 
@@ -259,10 +278,13 @@ def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream
     thread.start()
     while True:
         thread.join(0.5)
-        if not thread.is_alive():
+        alive = thread.is_alive()
+        copied = progress.poll(final=not alive)
+        if on_copied is not None:
+            for partition in copied:
+                on_copied(partition)
+        if not alive:
             break
-        progress.poll()
-    progress.poll(final=True)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["results"]
@@ -281,7 +303,7 @@ def _retention_step():
 
 
 async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, *, retention: bool,
-                dry_run: bool = False) -> None:
+                dry_run: bool = False, on_copied: Callable[[str], None] | None = None) -> None:
     """Fills `report` as it goes, so that what was done is reported when a step fails."""
     if config[REMOTE_LOG_METADATA_BACKEND] == "remote":
         raise ConfigError("remote.log.metadata.backend=remote is read-only: the pipeline keeps the metadata in "
@@ -316,7 +338,7 @@ async def _pass(config: Config, spark: Any, stream: TextIO, report: PassReport, 
             print(f"[tier] copying {len(to_copy)} of {len(plans)} partition(s): "
                   + ", ".join(str(p) for p in to_copy), file=stream, flush=True)
             copy_started = time.monotonic()
-            outcomes = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream)
+            outcomes = await asyncio.to_thread(_run_copy_job, spark, config, to_copy, stream, on_copied)
             report.copy_seconds = time.monotonic() - copy_started
             by_partition = {(o.result.topic, o.result.partition): o for o in outcomes}
             for p in to_copy:
@@ -362,18 +384,20 @@ def _record(summary: PartitionSummary, result: CopyResult, commit: CommitResult,
 
 def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retention: bool = True,
              summary: bool = True, output: TextIO | None = None, as_json: bool = False,
-             dry_run: bool = False) -> PassReport:
+             dry_run: bool = False, on_copied: Callable[[str], None] | None = None) -> PassReport:
     """One pass under the pipeline's lock. Progress goes to `stream` (stderr), the summary
     to `output` (stdout): a table, or with `as_json` one JSON document on one line. A
     failure of the cluster, the store or the metadata ends the pass with its report
     (`error` set), never an exception; only PipelineBusy is raised. With `dry_run` the
-    report says what a pass would do, and nothing is changed (nor the lock taken)."""
+    report says what a pass would do, and nothing is changed (nor the lock taken).
+    `on_copied` is called with each partition whose copy task copied something, as it ends."""
     stream = stream if stream is not None else sys.stderr
     report = PassReport(dry_run=dry_run)
     started = time.monotonic()
     with contextlib.nullcontext() if dry_run else pipeline_lock(config):
         try:
-            asyncio.run(_pass(config, spark, stream, report, retention=retention, dry_run=dry_run))
+            asyncio.run(_pass(config, spark, stream, report, retention=retention, dry_run=dry_run,
+                              on_copied=on_copied))
         except Exception as e:
             report.error = log_failure(log, logging.ERROR, "tiering pass", e)
     report.seconds = time.monotonic() - started
@@ -459,17 +483,28 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
             previous[signum] = signal.signal(signum, lambda *_: _stop(stop))
     failures = passes = 0
     backoff = ExponentialBackoff.from_config(config)
+    failed: set[str] | None = set()  # partitions the last pass failed; None: all of them
+
+    def copied(partition: str) -> None:
+        # A partition the last pass failed copies again: what failed it (the store, say) is back.
+        if metrics is not None and (failed is None or partition in failed):
+            metrics.recovered()
+
     try:
         while not stop.is_set():
             passes += 1
             started = time.monotonic()
+            retry_soon = True
             try:
-                report = run_pass(config, spark, stream=stream, output=output, as_json=as_json)
+                report = run_pass(config, spark, stream=stream, output=output, as_json=as_json, on_copied=copied)
                 failures = 0 if report.ok else failures + 1
+                retry_soon = report.retry_soon
+                failed = report.failed_partitions
                 if metrics is not None:
                     metrics.record(report)
             except Exception as e:
                 failures += 1
+                failed = None
                 if metrics is not None:
                     metrics.pass_failed(time.monotonic() - started)
                 # Expected failures (busy, a lock file that cannot be made) are one line;
@@ -477,7 +512,8 @@ def run_every(config: Config, spark: Any, interval_ms: int, *, stream: TextIO | 
                 log.error("tiering pass failed: %s", e, exc_info=not isinstance(e, (PipelineBusy, OSError)))
             if max_passes is not None and passes >= max_passes:
                 break
-            wait_ms = interval_ms if failures == 0 else min(interval_ms, backoff.backoff_ms(failures - 1))
+            # A failure a retry may mend (the store, the cluster) is retried with the backoff.
+            wait_ms = min(interval_ms, backoff.backoff_ms(failures - 1)) if failures and retry_soon else interval_ms
             stop.wait(wait_ms / 1000)
     finally:
         for signum, handler in previous.items():

@@ -13,6 +13,7 @@ broker connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -96,7 +97,14 @@ class ProxyServer:
     async def start(self, *, discover: bool = True) -> None:
         """Start the filters and the bootstrap listener; with ``discover``, also ask a
         broker for the cluster's nodes and open their listeners."""
-        await self.services.filters.start()
+        try:
+            await self.services.filters.start()
+        except BaseException:
+            # What the filters opened before the failure (an object store's client) is
+            # closed; the start's own error is the one to report.
+            with contextlib.suppress(Exception):
+                await self.services.filters.close()
+            raise
         self._started = True
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._servers[None] = await self._listen(None, self.config[PROXY_BOOTSTRAP_PORT])

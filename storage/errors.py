@@ -20,6 +20,12 @@ class RemoteResourceNotFound(RemoteStorageError):
         super().__init__(message, retriable=False)
 
 
+class RemoteSegmentNotFound(RemoteResourceNotFound):
+    """A segment's manifest is not in the store: never copied, deleted, or its copy (or a
+    restore of the store) has not put the manifest back yet. Other objects of the segment
+    may be there; a segment is readable only once its manifest is."""
+
+
 class CorruptRemoteSegment(RemoteStorageError):
     """An object's size or CRC-32C disagrees with its segment's manifest; never serve it."""
 

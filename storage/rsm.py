@@ -50,6 +50,7 @@ from .errors import (
     CorruptRemoteSegment,
     RemoteObjectMismatch,
     RemoteResourceNotFound,
+    RemoteSegmentNotFound,
     RemoteStorageError,
 )
 from .manifest import TAG_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, entry_of
@@ -116,8 +117,9 @@ def segment_object_key(prefix: str, metadata: RemoteLogSegmentMetadata, object_t
 class RemoteStorageManager(abc.ABC):
     """Copy, fetch and delete remote log segments. Every method is idempotent or read-only.
 
-    Errors: RemoteResourceNotFound for a missing segment or object, CorruptRemoteSegment
-    when an object disagrees with its manifest or a copy is incomplete, otherwise
+    Errors: RemoteResourceNotFound for a missing segment or object (RemoteSegmentNotFound
+    when the manifest is, also beside objects of an unfinished copy), CorruptRemoteSegment
+    when an object disagrees with its manifest, otherwise
     RemoteStorageError telling whether a retry may succeed. Nothing from the
     underlying store escapes raw.
     """
@@ -606,11 +608,12 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         try:
             data = await self._get_bytes(key)
         except RemoteResourceNotFound:
-            # Objects without a manifest: a copy that never finished (or a delete
-            # that never did). Either way not a segment to serve.
+            # Objects without a manifest: a copy or a restore that has not finished (or a
+            # delete that never did). Not a segment to serve, but nothing in it is known
+            # to be damaged: a missing object, not a corrupt one.
             if await self._list(segment_key_prefix(self.prefix, metadata)):
-                raise CorruptRemoteSegment(f"copy of {segment} incomplete: no manifest {key}") from None
-            raise RemoteResourceNotFound(f"{segment} is not in remote storage") from None
+                raise RemoteSegmentNotFound(f"copy of {segment} incomplete: no manifest {key}") from None
+            raise RemoteSegmentNotFound(f"{segment} is not in remote storage") from None
         manifest = Manifest.decode(data, name=key)
         if manifest.segment_id != metadata.segment_id.id:
             raise CorruptRemoteSegment(f"{key} belongs to segment {manifest.segment_id}")

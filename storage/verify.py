@@ -48,7 +48,7 @@ async def check_segments(
                 return await rsm.verify_segment(segment, check_crc=check_crc)
             except RemoteObjectMismatch as e:
                 return SegmentDamage(segment, e.reason, e.key, str(e))
-            except RemoteResourceNotFound as e:  # no manifest and no object: all of it is gone
+            except RemoteResourceNotFound as e:  # no manifest: the segment, or part of it, is gone
                 return SegmentDamage(segment, RemoteObjectMismatch.MISSING, None, str(e))
             except CorruptRemoteSegment as e:
                 return SegmentDamage(segment, MANIFEST, None, str(e))

@@ -35,6 +35,7 @@ from tierproxy.config import (
     Range,
     effective,
     load,
+    moved_key_warnings,
     parse_overrides,
 )
 from tierproxy.config.properties import read_properties
@@ -115,6 +116,8 @@ def check(path: str | None, overrides: Iterable[str], out: TextIO, err: TextIO, 
     except ConfigError as e:
         print(f"tierproxy: invalid configuration: {e}", file=err)
         return EXIT_INVALID
+    for warning in moved_key_warnings(config):
+        print(f"tierproxy: warning: {warning}", file=err)
     rows = effective_rows(config, given, set(parse_overrides(overrides)))
     tiered = ", ".join(t.name for t in config.tiered_topics) or "none"
     print(f"# {config.source}: valid; tiered topics: {tiered}", file=out)

@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 from tierproxy.client.cluster import check_login
 from tierproxy.client.connection import AuthenticationError
 from tierproxy.config import Config, ConfigError, PROXY_LISTENER_HOST, PROXY_LISTENER_SHARED, load
-from tierproxy.storage.errors import RemoteLogMetadataError
+from tierproxy.storage.errors import RemoteLogMetadataError, RemoteStorageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         from tierproxy.proxy.serve import serve  # the proxy itself: not in a supervisor's memory
 
         uvloop.run(serve(config, worker=worker))
-    except (ConfigError, OSError, KafkaError, RemoteLogMetadataError) as e:
+    except (ConfigError, OSError, KafkaError, RemoteLogMetadataError, RemoteStorageError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return WORKER_CANNOT_START if worker else 1
     finally:

@@ -16,7 +16,8 @@ neither in remote storage nor on the broker any more.
 It also reads the manifest of every COPY_SEGMENT_FINISHED segment for the id of the key
 that encrypts it (storage.encryption): the segments per key id, so that an operator knows
 when a retired key may leave `remote.log.storage.encryption.keys`, and, as a problem,
-every segment whose key that setting does not list (it cannot be read), and with
+every segment whose key that setting does not list or whose data key the key listed under
+that id does not unwrap (other material: it cannot be read), and with
 `remote.log.storage.encryption.required=true` every segment stored unencrypted (refused).
 
 Every object a segment's manifest lists is checked in the store: that it is there with the
@@ -29,13 +30,15 @@ before it trims a partition over a segment, and stops that partition's trim at o
 With `remote.log.metadata.backend=remote` (a read replica) the metadata is what the origin's
 pipeline published into the store, and status also tells how long ago that was published.
 Read replica topics (`topic.<name>.remote.log.read.replica=true`) are listed too: their
-remote range is the origin's partition's (another topic id, joined by name), Lx, Ly and Lz
-the offsets the proxy serves (all remote, the topic on this cluster is empty), and their
-segments' keys are checked as above: a replica reads them with its own configured keys. A
-replica partition the remote log metadata does not name is a problem (the proxy answers it
-REPLICA_NOT_AVAILABLE), and so is remote log metadata that is missing under the store's key
-prefix or has an object that does not read (named, with the bucket and prefix).
-A replica topic with fewer partitions on this cluster than the origin's (as its pipeline
+remote range is the origin's partition's (another topic id, joined by name), what the proxy
+serves; Lx, Ly and Lz are the replica broker's own log of the topic as it is (empty), so
+only their own order is checked, not the local-remote invariants (those hold on the
+origin). Their segments' keys are checked as above: a replica reads them with its own
+configured keys, and each one's data key must unwrap with the key of its id.
+A replica partition the remote log metadata does not name is a problem (the proxy answers
+it REPLICA_NOT_AVAILABLE), and so is remote log metadata that is missing under the store's
+key prefix or has an object that does not read (named, with the bucket and prefix). A
+replica topic with fewer partitions on this cluster than the origin's (as its pipeline
 publishes the count into the store, else as the remote log metadata knows it) is a problem:
 the partitions it lacks are never served, and `tierproxy replica create` adds them.
 
@@ -66,14 +69,17 @@ from tierproxy.client.cluster import READ_COMMITTED, Cluster, ClusterError, Topi
 from tierproxy.protocol.apis import OffsetSpec
 from tierproxy.proxy.filters.replica import ReadReplicas
 from tierproxy.replica import known_partition_counts, published_partition_counts
+from tierproxy.storage.encryption import KeyRing
 from tierproxy.storage.errors import (
     CorruptRemoteSegment,
     MetadataNotReady,
     RemoteLogMetadataError,
     RemoteResourceNotFound,
     RemoteStorageError,
+    WrongEncryptionKey,
 )
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
+from tierproxy.storage.manifest import Manifest
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.bucket import BucketRemoteLogMetadataManager
 from tierproxy.storage.metadata.topic_store import COMMITTED_OFFSETS_FILE, DEFAULT_TOPIC, FLAT_FILE_SUFFIX
@@ -253,13 +259,14 @@ class SegmentFound:
     key_id: str | None = None
     manifest_error: str | None = None
     damage: SegmentDamage | None = None
+    key_error: str | None = None  # the key configured under key_id does not unwrap its data key
 
 
-async def _segments_found(rsm: RemoteStorageManager, segments: list[RemoteLogSegmentMetadata], *, verify: bool
-                          ) -> list[SegmentFound]:
-    """Per segment, its manifest read and every object it lists checked in the store: its
-    size, and with `verify` its CRC-32C (storage.verify). A store that cannot be read at all
-    raises."""
+async def _segments_found(rsm: RemoteStorageManager, keys: KeyRing, segments: list[RemoteLogSegmentMetadata], *,
+                          verify: bool) -> list[SegmentFound]:
+    """Per segment, its manifest read, its data key unwrapped with the configured key of its
+    id (`keys`), and every object it lists checked in the store: its size, and with `verify`
+    its CRC-32C (storage.verify). A store that cannot be read at all raises."""
     checked = await check_segments(rsm, segments, check_crc=verify, concurrency=MANIFEST_READS)
     # An object missing may be a delete of remote retention that began after the segments
     # were listed (it removes the manifest first): such a segment is looked at once more.
@@ -281,8 +288,21 @@ async def _segments_found(rsm: RemoteStorageManager, segments: list[RemoteLogSeg
             damage: SegmentDamage | None = result
         else:
             manifest, damage = result, None
-        found.append(SegmentFound(manifest.encryption.key_id if manifest.encryption else None, None, damage))
+        found.append(SegmentFound(manifest.encryption.key_id if manifest.encryption else None, None, damage,
+                                  _key_error(keys, segment, manifest)))
     return found
+
+
+def _key_error(keys: KeyRing, segment: RemoteLogSegmentMetadata, manifest: Manifest) -> str | None:
+    """Why the configured key of the segment's key id does not open its envelope (other
+    material under that id), or None. A key id not configured is `_encryption`'s problem."""
+    if manifest.encryption is None or manifest.encryption.key_id not in keys.keys:
+        return None
+    try:
+        keys.open_segment(segment.segment_id.id, manifest.encryption, f"segment {segment.segment_id.id}")
+    except WrongEncryptionKey as e:
+        return str(e)
+    return None
 
 
 def _object_damage(result: object) -> TypeGuard[SegmentDamage]:
@@ -304,6 +324,8 @@ def _encryption(
             continue
         if f.damage is not None:
             problems.append(f"{name} cannot be read: {f.damage.error}")
+        if f.key_error is not None:
+            problems.append(f"{name} cannot be read: {f.key_error}")
         if key_id is not None:
             used[key_id] += 1
             if key_id not in configured:
@@ -360,18 +382,16 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         remote = {tp: (rlmm.log_start_offset(ids[tp]), rlmm.log_end_offset(ids[tp])) if rlmm else (None, None)
                   for tp in tps}
         finished = {tp: _finished(rlmm, ids[tp]) for tp in tps}
-        served = {tp: replicas.offsets(ids[tp]) for tp in tps if replicas is not None and tp[0] in replicas}
         stable = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST, isolation_level=READ_COMMITTED)
         latest = await cluster.list_offsets(topics, tps, OffsetSpec.LATEST)
-        found = {tp: await _segments_found(rsm, finished[tp], verify=verify) for tp in tps}
+        key_ring = KeyRing.from_config(config)
+        found = {tp: await _segments_found(rsm, key_ring, finished[tp], verify=verify) for tp in tps}
         published_ago = _published_seconds_ago(rlmm)
         topic_problems = await _replica_partition_problems(replica_names, topics, rsm, rlmm)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
         lx, ly, lz = earliest[tp].offset, stable[tp].offset, latest[tp].offset
-        if tp in served:  # a read replica's: the offsets the proxy serves, not the empty topic's
-            lx, ly, lz = served[tp].local_log_start, served[tp].last_stable_offset, served[tp].high_watermark
         rx, ry = remote[tp]
         segments = finished[tp]
         keys, key_problems, warnings = _encryption(segments, found[tp], configured,
@@ -379,7 +399,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         partitions.append(PartitionStatus(
             tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, len(segments),
             sum(s.segment_size_in_bytes for s in segments),
-            unnamed[tp] + broken_invariants(lx, ly, lz, rx, ry) + key_problems, keys, warnings,
+            unnamed[tp] + _invariants(tp[0] in replica_names, lx, ly, lz, rx, ry) + key_problems, keys, warnings,
         ))
     return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names,
                   metadata_problems, topic_problems)
@@ -400,6 +420,12 @@ async def _replica_partition_problems(names: frozenset[str], topics: dict[str, T
             problems.append(f"read replica topic {name} has {have} partitions on this cluster, the origin's {count}: "
                             f"partitions {have}-{count - 1} are never served; `tierproxy replica create` adds them")
     return tuple(problems)
+
+
+def _invariants(read_replica: bool, lx: int, ly: int, lz: int, rx: int | None, ry: int | None) -> tuple[str, ...]:
+    """A read replica's broker holds its own (empty) log of the topic, not the one the remote
+    range continues (that is the origin's): only its own offsets' order is checked."""
+    return broken_invariants(lx, ly, lz, None, None) if read_replica else broken_invariants(lx, ly, lz, rx, ry)
 
 
 def _published_seconds_ago(rlmm: RemoteLogMetadataManager | None) -> float | None:
@@ -426,6 +452,10 @@ def format_table(report: Report) -> str:
     lines = text_table(rows, right_aligned=range(1, len(header) - 1))
     lines.append("LX local log start, LY last stable offset, LZ local log end (broker); "
                  "RX remote log start, RY remote log end (COPY_SEGMENT_FINISHED segments)")
+    replicas = sorted({p.topic for p in report.partitions} & report.replica_topics)
+    if replicas:
+        lines.append(f"Read replica topics ({', '.join(replicas)}): LX, LY, LZ are this cluster's own log of the "
+                     "topic, which a replica leaves empty; the proxy serves RX to RY from remote storage.")
     if report.metadata_published_seconds_ago is not None:
         lines.append(f"Remote log metadata published into the remote store "
                      f"{report.metadata_published_seconds_ago:.0f}s ago (remote.log.metadata.backend=remote).")

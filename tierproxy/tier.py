@@ -29,6 +29,7 @@ from tierproxy.config import (
     REMOTE_LOG_MANAGER_TASK_INTERVAL_MS,
     ConfigError,
     load,
+    moved_key_warnings,
 )
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     interval_ms = None
     try:
         config = load(args.config, args.override)
+        for warning in moved_key_warnings(config):
+            logging.getLogger("tierproxy").warning("%s", warning)
         if args.every is not None and args.dry_run:
             raise ConfigError("--dry-run shows one pass: it does not go with --every")
         if args.every is not None:

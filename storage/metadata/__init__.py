@@ -139,7 +139,11 @@ class RemoteLogMetadataManager(abc.ABC):
         return True
 
     async def __aenter__(self) -> RemoteLogMetadataManager:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # what the start opened (a store's client) is not left open
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -146,3 +146,17 @@ def test_check_shows_encryption_key_ids_and_files_and_reads_but_never_shows_them
     captured = capsys.readouterr()
     assert f"key 'k1' (file {tmp_path}/k1.key): holds 15 bytes, a key is 32" in captured.err
     assert material[:20] not in captured.err and captured.out == ""
+
+
+def test_check_says_where_the_pipelines_metrics_port_went(tmp_path, capsys):
+    """A file from before pipeline.metrics.port sets metrics.port for `tier --every` too: valid
+    (it is serve's port), with a warning naming the pipeline's own key."""
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text("bootstrap.servers=k:9092\nmetrics.port=9500\n")
+    assert main(["config", "check", "--config", str(properties)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: metrics.port=9500 is the metrics port of `tierproxy serve` only" in err
+    assert "serves its metrics on pipeline.metrics.port (9405, its default)" in err
+    properties.write_text("bootstrap.servers=k:9092\nmetrics.port=9500\npipeline.metrics.port=9501\n")
+    assert main(["config", "check", "--config", str(properties)]) == 0
+    assert "warning" not in capsys.readouterr().err

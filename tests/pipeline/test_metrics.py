@@ -113,3 +113,36 @@ async def test_passes_of_run_every_report_the_remote_log(spark, kafka_cluster, t
     assert _value(metrics, "tierproxy_tier_passes_total") == 1
     assert _value(metrics, "tierproxy_tier_passes_failed_total") == 0
     assert _value(metrics, "tierproxy_tier_last_success_timestamp_seconds") > 0
+
+
+def test_a_pass_that_copies_a_partition_the_last_pass_failed_shows_progress_before_it_ends(monkeypatch, tmp_path):
+    """tierproxy_tier_last_progress_timestamp_seconds moves while a pass runs, as soon as it
+    copies a partition the pass before it failed (TierproxyTierPassesFailing resolves on it);
+    a partition that did not fail before shows nothing: a pass that fails one partition on
+    every pass still alerts."""
+    import tierproxy.pipeline.tier as tier
+
+    metrics = PipelineMetrics()
+    progress = []
+
+    def first(*args, on_copied, **kwargs) -> PassReport:
+        on_copied("a-0")  # copies while a-1 fails: nothing had failed before
+        progress.append(_value(metrics, "tierproxy_tier_last_progress_timestamp_seconds"))
+        return PassReport(partitions=[PartitionSummary(_plan("a", 0), segments=1),
+                                      PartitionSummary(_plan("a", 1), error="copy failed", copy_failed=True)])
+
+    def second(*args, on_copied, **kwargs) -> PassReport:
+        on_copied("a-0")
+        progress.append(_value(metrics, "tierproxy_tier_last_progress_timestamp_seconds"))
+        on_copied("a-1")  # failed in the pass before: it is back
+        progress.append(_value(metrics, "tierproxy_tier_last_progress_timestamp_seconds"))
+        return PassReport(partitions=[PartitionSummary(_plan("a", 0)), PartitionSummary(_plan("a", 2), error="x")])
+
+    passes = iter([first, second])
+    monkeypatch.setattr(tier, "run_pass", lambda *args, **kwargs: next(passes)(*args, **kwargs))
+    config = tier_config(tmp_path, "127.0.0.1:9", "a", extra={"remote.log.manager.task.retry.backoff.ms": 1,
+                                                               "remote.log.manager.task.retry.backoff.max.ms": 1})
+    assert run_every(config, None, 1, max_passes=2, stop=threading.Event(), metrics=metrics) == 2
+    assert progress[:2] == [0, 0]
+    assert progress[2] > 0
+    assert _value(metrics, "tierproxy_tier_last_success_timestamp_seconds") == 0

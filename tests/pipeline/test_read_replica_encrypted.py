@@ -254,8 +254,8 @@ async def test_on_a_cluster_with_nothing_plaintext_the_replica_uses_its_security
 async def test_status_of_the_replica_names_the_key_its_segments_need(origins, replica_cluster, replica_base,
                                                                    tmp_path, capsys):
     """`tierproxy status` on the replica's configuration: each replica partition's remote range
-    (the origin's), all of it served, and the key ids its segments use; without k1 every
-    sealed segment is a problem naming it, with k1 there is none."""
+    (the origin's), the replica broker's own empty log, and the key ids its segments use;
+    without k1 every sealed segment is a problem naming it, with k1 there is none."""
     settings = {**replica_base, "bootstrap.servers": plaintext_bootstrap(replica_cluster)}
     without = write_properties(tmp_path / "without.properties", settings)
     assert await asyncio.to_thread(main, ["status", "--config", str(without), "--json"]) == 1
@@ -264,7 +264,8 @@ async def test_status_of_the_replica_names_the_key_its_segments_need(origins, re
     for origin in (origins.sealed, origins.plain):
         for partition, end in origin.ends().items():
             row = rows.pop((origin.topic, partition))
-            assert (row["rx"], row["ry"], row["lx"], row["lz"]) == (0, end - 1, end, end), row
+            # The broker columns are the replica cluster's own log of the topic: empty.
+            assert (row["rx"], row["ry"], row["lx"], row["ly"], row["lz"]) == (0, end - 1, 0, 0, 0), row
             assert bool(row["problems"]) == (origin is origins.sealed), row
             assert all("encrypted with key 'k1'" in problem for problem in row["problems"]), row
             assert f"{origin.topic}-{partition}" in err or origin is origins.plain

@@ -156,6 +156,48 @@ def test_one_pass_at_a_time_and_the_loop_retries_a_failed_pass(tmp_path, kafka_c
     assert run_every(down, None, 10, max_passes=3, stop=threading.Event()) == 3
 
 
+def test_after_a_pass_whose_trims_were_stopped_the_loop_waits_its_interval(tmp_path, monkeypatch):
+    """Damaged remote segments stay until repaired: the pass after one that found them runs
+    an interval later, not after the retry backoff; a failure a retry may mend still gets it."""
+    import threading
+    import uuid
+
+    import tierproxy.pipeline.tier as tier
+    from tierproxy.pipeline.retention import LOCAL_RETENTION, RetentionFailure, RetentionReport
+    from tierproxy.storage.model import TopicIdPartition
+    from tierproxy.storage.verify import SegmentDamage
+    from tests.helpers.metadata import segment
+
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    damage = SegmentDamage(segment(tp, 0, 9), "missing", "orders/0/x.log", "x.log is in the manifest but missing")
+    stopped = tier.PassReport(retention=RetentionReport(
+        damaged=[damage], failures=[RetentionFailure(LOCAL_RETENTION, str(tp), f"trim stopped: {damage}")]))
+    store_down = tier.PassReport(error="remote storage unreachable")
+    both = tier.PassReport(error="remote storage unreachable", retention=stopped.retention)
+    reports = iter([stopped, stopped, store_down, both, tier.PassReport()])
+    monkeypatch.setattr(tier, "run_pass", lambda *args, **kwargs: next(reports))
+
+    class Waits(threading.Event):
+        """Records each wait of the loop instead of waiting."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None
+            self.seconds.append(timeout)
+            return False
+
+    interval_ms = 600_000
+    config = tier_config(tmp_path, "127.0.0.1:9", "orders")
+    waits = Waits()
+    assert tier.run_every(config, None, interval_ms, stop=waits, max_passes=5) == 0
+    assert waits.seconds[:2] == [interval_ms / 1000] * 2
+    assert all(w < interval_ms / 1000 / 10 for w in waits.seconds[2:]), waits.seconds  # the retry backoff
+    assert stopped.retry_soon is False and store_down.retry_soon and both.retry_soon
+
+
 async def log_start_offsets(bootstrap: str, name: str, partitions: int) -> list[int]:
     async with Cluster([bootstrap]) as cluster:
         topics = await cluster.topics([name])

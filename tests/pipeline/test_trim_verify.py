@@ -1,7 +1,8 @@
 """Local retention checks the remote segments it would leave only remote, where they are
 stored, before it trims the broker: a deleted `.log` and a flipped byte each stop the trim
 of their partition (the broker keeps its log start), the other partitions trim, the failure
-is counted, in the pass summary, and `tierproxy status` names it; with the local-file store
+is counted, in the pass summary, a dry run before the pass says the same, and `tierproxy
+status` names it; with the local-file store
 and with S3 (moto's server)."""
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from tierproxy.client.cluster import Cluster
 from tierproxy.config import parse
 from tierproxy.pipeline.metrics import PipelineMetrics
 from tierproxy.pipeline.retention import run_retention
-from tierproxy.pipeline.tier import PassReport, format_summary
+from tierproxy.pipeline.dry_run import dry_pass
+from tierproxy.pipeline.plan import plan_pass
+from tierproxy.pipeline.tier import PartitionSummary, PassReport, format_summary
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager, segment_object_key
 from tests.helpers.commands import write_properties
@@ -50,6 +53,14 @@ async def _flip(rsm: RemoteStorageManager, server, key: str, position: int) -> N
     data = bytearray(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
     data[position] ^= 0x01
     await asyncio.to_thread(client.put_object, Bucket=server.bucket, Key=key, Body=bytes(data))
+
+
+async def _dry_run(config, cluster: Cluster, rlmm, rsm: RemoteStorageManager) -> PassReport:
+    """The report of `tier --dry-run` (`tier._pass`), over the stores this test holds open."""
+    plans = await plan_pass(config, cluster, rlmm)
+    report = PassReport(partitions=[PartitionSummary(p) for p in plans], dry_run=True)
+    await dry_pass(config, cluster, rlmm, rsm, report, plans, retention=True)
+    return report
 
 
 def _status(properties: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -91,8 +102,19 @@ async def test_a_deleted_and_a_corrupted_object_stop_the_trim_of_their_partition
         await _delete(rsm, server, deleted)
         await _flip(rsm, server, flipped, 100)
 
-        # Pass 2: everything remote is past local retention.
+        # Pass 2: everything remote is past local retention. A dry run first checks the
+        # same segments, and says the same: two trims stopped, a failed pass.
         second = parse({**properties, f"topic.{name}.local.retention.ms": "0"})
+        dry = await _dry_run(second, cluster, rlmm, rsm)
+        assert not dry.ok
+        assert [t.topic_id_partition.partition for t in dry.retention.trimmed] == [2]
+        assert sorted((d.segment.topic_id_partition.partition, d.key, d.reason) for d in dry.retention.damaged) == [
+            (0, deleted, "missing"), (1, flipped, "checksum")]
+        said = format_summary(dry)
+        assert f"ERROR local retention {name}-0: trim would stop: " in said and deleted in said
+        assert f"ERROR local retention {name}-1: trim would stop: " in said and flipped in said
+        assert "1 partitions trimmed" in said
+        assert [await broker_log_start(cluster, name, p) for p in range(PARTITIONS)] == [20] * PARTITIONS
         report = await run_retention(second, cluster, rlmm, rsm, now_ms=int(time.time() * 1000) + retention_ms)
         starts = [await broker_log_start(cluster, name, p) for p in range(PARTITIONS)]
         assert starts == [20, 20, 80]  # below the damaged segments (20 and 40); the intact partition trims

@@ -14,6 +14,7 @@ from tierproxy.storage.errors import (
     EncryptionKeyNotFound,
     MetadataNotReady,
     RemoteResourceNotFound,
+    RemoteSegmentNotFound,
     RemoteStorageError,
     UnencryptedSegment,
     WrongEncryptionKey,
@@ -27,6 +28,7 @@ CORRUPT = CorruptRemoteSegment("bad crc")
     (RemoteStorageError("timeout", retriable=True), Cause.STORE_UNAVAILABLE),
     (RemoteStorageError("AccessDenied (HTTP 403)", retriable=False), Cause.STORE_UNAVAILABLE),
     (RemoteResourceNotFound("no such key"), Cause.NOT_FOUND),
+    (RemoteSegmentNotFound("copy incomplete: no manifest"), Cause.NOT_FOUND),  # a store being restored
     (CORRUPT, Cause.CORRUPT),
     (DecryptionFailed("tag"), Cause.CORRUPT),
     (CorruptChunk(1, b"", CORRUPT), Cause.CORRUPT),

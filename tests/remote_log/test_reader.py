@@ -19,7 +19,8 @@ from tierproxy.remote_log.reader_pool import RemoteLogReaderPool
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
-from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady
+from tierproxy.remote_log.failures import Cause, cause_of
+from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady, RemoteResourceNotFound
 from tierproxy.storage.indexes.transaction_index import AbortedTxn
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
 from tierproxy.storage.model import IndexType
@@ -124,6 +125,37 @@ async def test_metadata_not_loaded_is_metadata_not_ready(tmp_path: Path) -> None
         # Counted where the proxy answers it (RemoteTier.error_code_for), once.
         assert metrics.value("tierproxy_remote_read_errors_total",
                              {"topic": partition.tp.topic, "reason": "metadata_not_ready"}) == 0
+        await close(reader)
+
+
+async def test_a_segment_whose_manifest_is_not_back_yet_is_not_found_then_served(tmp_path: Path) -> None:
+    """A store being restored: the segment's objects are there, its manifest is not yet.
+    That is a missing object (not_found), not corruption; once the manifest is back the
+    segment is served, with the aborted transactions of its transaction index."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = Partition(new_tp())
+        txn = dict(transactional=True, producer_epoch=0)
+        await add_segment(rsm, rlmm, partition, [batch(100, 1), batch(101, 2, producer_id=7, **txn),
+                                                 abort_marker(103, 7), batch(104, 1)], tmp_path / "work")
+        manifest = rsm.path_of(rsm._key(partition.segments[0], ObjectType.MANIFEST))
+        kept = manifest.read_bytes()
+        manifest.unlink()
+        rsm._forget(partition.segments[0])  # the manifest the copy left in its cache
+        metrics = RemoteMetrics()
+        reader = make_reader(rsm, rlmm, metrics=metrics)
+        committed = IsolationLevel.READ_COMMITTED
+        with pytest.raises(RemoteResourceNotFound, match="no manifest") as raised:
+            await reader.read(partition.tp, 100, 1 << 20, min_one_batch=True, isolation_level=committed)
+        assert not isinstance(raised.value, CorruptRemoteSegment)
+        assert cause_of(raised.value) is Cause.NOT_FOUND
+        topic = partition.tp.topic
+        assert metrics.value("tierproxy_remote_read_errors_total", {"topic": topic, "reason": "not_found"}) == 1
+        assert metrics.value("tierproxy_remote_read_errors_total", {"topic": topic, "reason": "corrupt"}) == 0
+
+        manifest.write_bytes(kept)  # the restore reaches the manifest
+        read = await reader.read(partition.tp, 100, 1 << 20, min_one_batch=True, isolation_level=committed)
+        assert b"".join(read.records) == partition.log_of(0)
+        assert read.aborted_transactions == [AbortedTxn(7, 101, 103, 104)]
         await close(reader)
 
 

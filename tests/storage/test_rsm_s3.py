@@ -18,9 +18,9 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 import tierproxy.storage.rsm
 import tierproxy.storage.s3
 from tierproxy.storage.errors import (
-    CorruptRemoteSegment,
     RemoteObjectMismatch,
     RemoteResourceNotFound,
+    RemoteSegmentNotFound,
     RemoteStorageError,
 )
 from tierproxy.storage.manifest import BLOCK_BYTES
@@ -143,7 +143,7 @@ async def test_failed_multipart_upload_is_aborted(
             await rsm.copy_log_segment_data(segment.metadata, segment.data)
         key = rsm._key(segment.metadata, ObjectType.LOG)
         # The indexes went up beside the failed log, the manifest never did.
-        with pytest.raises(CorruptRemoteSegment, match="incomplete"):
+        with pytest.raises(RemoteSegmentNotFound, match="incomplete"):
             await rsm.verify_segment(segment.metadata)
         assert await rsm._object_size(key) is None
     uploads = s3_server.client().list_multipart_uploads(Bucket=s3_server.bucket, Prefix=key)

@@ -11,7 +11,7 @@ import pytest
 
 from tierproxy.cli import LOG_LEVELS, build_parser, configure_logging, log_format
 from tierproxy.config.metrics import tierproxy_version
-from tests.helpers.commands import TIERPROXY, wait_listening
+from tests.helpers.commands import TIERPROXY, wait_listening, write_properties
 from tests.helpers.serve import start_serving
 from tests.helpers.wait import wait_for
 
@@ -70,6 +70,39 @@ def test_a_broker_address_without_a_port_is_one_line_for_every_command(tmp_path)
         assert done.returncode == 2, (command, done.stderr)
         assert "Traceback" not in done.stderr
         assert "bootstrap.servers='127.0.0.1': '127.0.0.1' is not host:port: no port" in done.stderr, done.stderr
+
+
+def test_tier_says_where_the_pipelines_metrics_port_went(tmp_path):
+    from testbed.ports import free_port
+
+    properties = tmp_path / "tierproxy.properties"
+    properties.write_text(f"bootstrap.servers=127.0.0.1:{free_port()}\nmetrics.port=9500\n"
+                          f"remote.log.metadata.dir={tmp_path / 'metadata'}\n")
+    done = subprocess.run([str(TIERPROXY), "tier", "--config", str(properties)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr  # no broker there
+    assert "metrics.port=9500 is the metrics port of `tierproxy serve` only; `tierproxy tier --every` serves " \
+           "its metrics on pipeline.metrics.port (9405, its default)" in done.stderr, done.stderr
+
+
+def test_a_serve_that_cannot_start_says_why_in_one_line_and_closes_its_store_client(kafka_cluster, s3_server,
+                                                                                    tmp_path):
+    """The replica's metadata in a bucket that does not exist: a start that fails on the
+    store exits 1 naming it, without a traceback or "Unclosed client session" after it."""
+    from testbed.ports import free_ports
+
+    proxy, node = free_ports(2)
+    settings = {"bootstrap.servers": kafka_cluster.bootstrap_servers, "proxy.bootstrap.port": str(proxy),
+                "proxy.broker.port.base": str(node), "metrics.port": "0", "proxy.workers": "1",
+                **s3_server.storage_properties("serve-no-bucket"), "remote.log.storage.s3.bucket": "no-such-bucket",
+                "remote.log.metadata.backend": "remote", "topic.orders.remote.log.read.replica": "true"}
+    properties = write_properties(tmp_path / "proxy.properties", settings)
+    done = subprocess.run([str(TIERPROXY), "serve", "--config", str(properties)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "tierproxy serve: get s3://no-such-bucket/serve-no-bucket/__remote_log_metadata/head" in done.stderr
+    assert "NoSuchBucket" in done.stderr
+    assert "Traceback" not in done.stderr and "Unclosed" not in done.stderr, done.stderr
 
 
 def test_serve_logs_at_the_level_asked_for(tmp_path):

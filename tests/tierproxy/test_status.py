@@ -27,6 +27,7 @@ from tierproxy.config.addresses import parse_host_port
 from tierproxy.status import broken_invariants
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
 from tierproxy.storage.model import TopicIdPartition
+from tests.helpers.commands import write_properties
 from tests.helpers.remote_tier import cut_segments, fetch_raw_log, tier_from_broker, tier_log, topic_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,3 +319,63 @@ def test_a_missing_read_replica_topic_says_how_to_create_it(kafka_cluster, tmp_p
     assert json.loads(result.stdout)["missing_topics"] == ["no-such-replica"]
     assert ("read replica topic no-such-replica does not exist in the cluster: `tierproxy replica create` creates it"
             in result.stderr), result.stderr
+
+
+async def test_a_read_replica_shows_its_brokers_own_log_and_checks_each_segments_key(kafka_cluster, topic,
+                                                                                     tmp_path, s3_server):
+    """A read replica's status over S3 (moto): the broker columns are the replica cluster's own
+    log of the topic, not the remote range the proxy serves; a key file holding other material
+    under the segments' key id is a problem naming partition, segment and key (exit 1); and
+    the command closes its S3 clients (no "Unclosed client session" on exit)."""
+    from tierproxy.storage.metadata.bucket import publish
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    name = topic(partitions=1)
+    keys = {key_id: tmp_path / f"{key_id}.key" for key_id in ("k1", "other")}
+    for path in keys.values():
+        path.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    store = {**s3_server.storage_properties(f"status-{name}"), "remote.log.storage.encryption.keys": f"k1:{keys['k1']}",
+             "remote.log.storage.encryption.active.key": "k1"}
+    config = load(_write_properties(tmp_path / "origin.properties", bootstrap, tmp_path, [name], **store))
+    await _produce(bootstrap, name, {0: 300})
+    async with remote_storage_manager(config) as rsm, remote_log_metadata_manager(config) as rlmm:
+        tiered = await _tier_prefix(bootstrap, name, 0, 200, rsm, rlmm, tmp_path / "work")
+        await publish(rsm, rlmm.partition_states())
+    # The replica's file: the same store, the published metadata; here the topic's own log on
+    # this cluster (the origin's, in this one-cluster test) holds 300 records from offset 0.
+    replica = {"bootstrap.servers": bootstrap, **store, "remote.log.storage.encryption.active.key": "",
+               "remote.log.metadata.backend": "remote", f"topic.{name}.remote.log.read.replica": "true"}
+    path = write_properties(tmp_path / "replica.properties", replica)
+    result = _status(path, "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["partitions"]
+    assert (row["lx"], row["ly"], row["lz"], row["rx"], row["ry"]) == (0, 300, 300, 0, tiered[-1].end_offset), row
+    text = _status(path)
+    assert text.returncode == 0, text.stderr
+    assert f"Read replica topics ({name}): LX, LY, LZ are this cluster's own log of the topic" in text.stdout
+    for done in (result, text):
+        assert "Unclosed" not in done.stderr, done.stderr
+
+    other = write_properties(tmp_path / "other.properties",
+                             {**replica, "remote.log.storage.encryption.keys": f"k1:{keys['other']}"})
+    broken = _status(other)
+    assert broken.returncode == 1, broken.stderr
+    for s in tiered:
+        assert (f"{name}-0: segment {s.segment_id.id} (offsets {s.start_offset}-{s.end_offset}) cannot be read: "
+                f"the data key of segment {s.segment_id.id} does not unwrap with key 'k1' (file {keys['other']})"
+                ) in broken.stderr, broken.stderr
+    assert "Unclosed" not in broken.stderr
+
+
+def test_a_replicas_metadata_that_cannot_be_read_closes_the_store_client(kafka_cluster, topic, tmp_path, s3_server):
+    """The published metadata's bucket does not exist: exit 2 naming it, and the metadata's own
+    S3 client is closed (no "Unclosed client session" on exit)."""
+    name = topic(partitions=1)
+    path = write_properties(tmp_path / "replica.properties", {
+        "bootstrap.servers": kafka_cluster.bootstrap_servers, **s3_server.storage_properties("status-no-bucket"),
+        "remote.log.storage.s3.bucket": "no-such-bucket", "remote.log.metadata.backend": "remote",
+        f"topic.{name}.remote.log.read.replica": "true"})
+    result = _status(path)
+    assert result.returncode == 2, result.stderr
+    assert "NoSuchBucket" in result.stderr
+    assert "Unclosed" not in result.stderr, result.stderr
