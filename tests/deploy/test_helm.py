@@ -315,6 +315,19 @@ def test_the_prometheus_rule_is_deploy_rules(rendered):
     assert rule["spec"]["groups"] == expected
 
 
+def test_a_rule_changed_in_the_chart_alone_is_told_apart(tmp_path):
+    """The comparison above fails when the chart's copy says something deploy/rules does not."""
+    chart = tmp_path / "tierproxy"
+    shutil.copytree(CHART, chart)
+    copy = chart / "files" / "rules" / RULE_FILES[0].name
+    copy.write_text(copy.read_text().replace("for: 2m", "for: 20m", 1))
+    result = template(VALUES_BY_NAME["secure"], chart=chart)
+    assert result.returncode == 0, result.stderr
+    rule = find(objects(result.stdout), "PrometheusRule", "tierproxy")
+    expected = [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
+    assert rule["spec"]["groups"] != expected
+
+
 def test_the_dashboard_configmap_is_deploys_dashboard(rendered):
     configmap = find(rendered["secure"], "ConfigMap", "-dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
