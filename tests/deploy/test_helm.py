@@ -264,13 +264,14 @@ def test_service_and_container_ports_are_the_proxys_own(name, rendered, tmp_path
     ports = NodePorts.of(config)
     service = find(docs, "Service", "tierproxy")["spec"]["ports"]
     container = _pod_spec(docs, "-proxy")["containers"][0]["ports"]
+    metrics = find(docs, "Service", "-metrics")["spec"]["ports"]
+    assert [(p["name"], p["port"]) for p in metrics] == [("metrics", config["metrics.port"])]
     by_name = {p["name"]: p["port"] for p in service}
+    assert {p["name"]: p["containerPort"] for p in container} == {**by_name, "metrics": config["metrics.port"]}
     assert by_name.pop("bootstrap") == config["proxy.bootstrap.port"]
-    assert by_name.pop("metrics") == config["metrics.port"]
     assert by_name, "no broker port"
     for port_name, port in by_name.items():
         assert ports.port(int(port_name.removeprefix("node-"))) == port
-    assert {p["name"]: p["containerPort"] for p in container} == {p["name"]: p["port"] for p in service}
     expected = {"node-id-map": {1001: 9201, 1002: 9202, 1005: 9205},
                 "node-id-range": {100 + i: 9300 + i for i in range(5)}}.get(name)
     if expected:
@@ -339,10 +340,11 @@ def test_monitors_name_the_jobs_the_rules_alert_on(rendered):
     monitors take `job` from a label whose values are those names."""
     docs = rendered["secure"]
     rules_text = "".join(p.read_text() for p in RULE_FILES)
-    service = find(docs, "Service", "tierproxy")
     monitor = find(docs, "ServiceMonitor", "-proxy")["spec"]
-    assert service["metadata"]["labels"][monitor["jobLabel"]] == "tierproxy-proxy"
-    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    selected = [d for d in docs if d["kind"] == "Service"
+                and monitor["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()]
+    assert [s["metadata"]["name"] for s in selected] == ["tierproxy-metrics"]  # not the clients' Service
+    assert selected[0]["metadata"]["labels"][monitor["jobLabel"]] == "tierproxy-proxy"
     pod_monitor = find(docs, "PodMonitor", "-pipeline")["spec"]
     pod_labels = find(docs, "Deployment", "-pipeline")["spec"]["template"]["metadata"]["labels"]
     assert pod_labels[pod_monitor["jobLabel"]] == "tierproxy-pipeline"
