@@ -288,6 +288,17 @@ def test_pods_run_as_the_images_user_on_a_read_only_root(rendered):
                 assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_the_proxy_is_ready_by_ready_and_alive_by_metrics(rendered):
+    """Both probes ask the metrics endpoint: /ready (listeners open, a broker answering, see
+    proxy/readiness.py) and /metrics."""
+    proxies = {name: spec["containers"][0] for name, docs in rendered.items()
+               for pod, spec in _pod_specs(docs).items() if pod.endswith("-proxy")}
+    assert "defaults" in proxies and "cronjob" not in proxies  # cronjob.yaml turns the proxy off
+    for name, container in proxies.items():
+        assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}, name
+        assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}, name
+
+
 def test_one_pipeline_at_a_time(rendered):
     deployment = find(rendered["defaults"], "Deployment", "-pipeline")["spec"]
     assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
