@@ -84,6 +84,8 @@ class Cluster:
                     raise  # the same credentials fail on every broker
                 except ConnectionError as e:
                     errors.append(str(e))
+                except TimeoutError:  # took the connection, did not answer ApiVersions
+                    errors.append(f"broker {host}:{port} did not answer ApiVersions in time")
             else:
                 raise ConnectionError(f"no bootstrap server reachable: {'; '.join(errors)}")
         return self._bootstrap_connection

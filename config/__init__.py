@@ -565,7 +565,8 @@ TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE = _define("tiered.storage.not.available.
         "REPLICA_NOT_AVAILABLE 9, REQUEST_TIMED_OUT 7, KAFKA_STORAGE_ERROR 56).", "proxy",
         validator=OneOf((-1, 9, 7, 56)))
 METRICS_PORT = _define("metrics.port", int, 9404,
-        "Port of the Prometheus metrics endpoint of `tierproxy serve` (on proxy.listener.host); 0 disables it. "
+        "Port of the Prometheus metrics endpoint of `tierproxy serve` (on proxy.listener.host), whose `/ready` "
+        "answers 200 while the proxy serves and a broker answers, else 503 and why; 0 disables both. "
         "docs/metrics.md lists the metrics.", "proxy", validator=Range(0, 65535))
 BROKER_CONNECTION_SETUP_TIMEOUT_MS = _define("broker.connection.setup.timeout.ms", int, 10_000,
         "How long the proxy waits for a client's upstream connection to a broker.", "proxy",

@@ -5,8 +5,10 @@ filters are stopped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import os
 import signal
 
 from tierproxy.config import Config, METRICS_PORT, PROXY_LISTENER_HOST
@@ -20,6 +22,7 @@ from .filters.list_offsets import ListOffsetsFilter
 from .filters.offset_for_leader_epoch import OffsetForLeaderEpochFilter
 from .filters.replica import ReadReplicas, ReplicaProduceFilter
 from .metrics import ProxyMetrics, metrics_endpoint
+from .readiness import CHECK_INTERVAL_S, Readiness
 from .server import ProxyServer
 
 __all__ = ("build_filters", "serve")
@@ -62,12 +65,18 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
     preload()  # the codecs of the intercepted APIs, before the first client needs them
     metrics = ProxyMetrics()
     server = ProxyServer(config, build_filters(config, metrics, worker=worker), metrics, reuse_port=worker)
+    # A worker tells its supervisor, whose metrics endpoint is the proxy's (proxy.workers).
+    readiness = Readiness(os.environ.get("PROMETHEUS_MULTIPROC_DIR") if worker else None)
     http = None
+    checks = None
     try:
         # The endpoint first: whoever sees the proxy listening can scrape it.
         if config[METRICS_PORT]:
-            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry)
+            http = metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], metrics.registry,
+                                    readiness.reason)
         await server.start()
+        readiness.listening()
+        checks = loop.create_task(_check_broker(server, readiness))
         log.info("tierproxy serving on %s, broker nodes %s", server.bootstrap_servers,
                  sorted(server.node_listeners) or "not known yet")
         # What start-up built (codecs, schemas, metadata) lives as long as the process: out of
@@ -76,8 +85,20 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
         await stop.wait()
         log.info("shutting down")
     finally:
+        readiness.closing()
+        if checks is not None:
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
         await server.close()
         if http is not None:
             http.shutdown()
             http.server_close()
     log.info("stopped")
+
+
+async def _check_broker(server: ProxyServer, readiness: Readiness) -> None:
+    """Ask a bootstrap broker every CHECK_INTERVAL_S, for `/ready`."""
+    while True:
+        readiness.broker_checked(await server.reach_broker())
+        await asyncio.sleep(CHECK_INTERVAL_S)

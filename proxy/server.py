@@ -278,6 +278,21 @@ class ProxyServer:
         for broker in response.brokers if response is not None else ():
             await self.learn(broker.node_id, broker.host, broker.port)
 
+    async def reach_broker(self) -> str | None:
+        """None when a bootstrap broker answers ApiVersions (and the login, with
+        security.protocol's own), else why none does: the readiness check."""
+        failures = []
+        for host, port in self._bootstrap:
+            try:
+                connection = await KafkaConnection.open(host, port, security=self._security, client_id="tierproxy",
+                                                        timeout=self._connect_timeout)
+            except (OSError, asyncio.TimeoutError, ProtocolError, KafkaConnectionError) as e:
+                failures.append(str(e) or type(e).__name__)
+                continue
+            await connection.close()
+            return None
+        return f"no bootstrap broker answers: {'; '.join(failures)}"
+
     async def _ask_brokers(self) -> Any:
         """Metadata (no topics) from the first bootstrap broker that answers; None if none
         does. Without a login of its own (security.protocol) the proxy learns from it

@@ -6,7 +6,8 @@ a connection stays with the worker that accepted it, as a channel stays with one
 network thread. Each worker gets its share of the whole proxy's bounds (`shares`), so
 the memory formula in docs/operations.md holds for the sum. The supervisor does not
 serve clients: it starts the workers, restarts one that dies, serves the Prometheus
-endpoint for all of them (prometheus-client's multiprocess mode) and, on SIGTERM or
+endpoint for all of them (prometheus-client's multiprocess mode; `/ready` when every
+worker is, see proxy.readiness) and, on SIGTERM or
 SIGINT, stops them and exits.
 """
 
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from tierproxy.config import (
@@ -35,6 +36,8 @@ from tierproxy.config import (
     REMOTE_LOG_INDEX_CACHE_DIR,
     REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES,
 )
+
+from .readiness import workers_reason
 
 __all__ = ("WORKER_CANNOT_START", "shares", "supervise", "watch_supervisor", "worker_count")
 
@@ -102,7 +105,8 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
     try:
         _prune_index_directory(config)
         if config[METRICS_PORT]:
-            http = _metrics_endpoint(config, metrics_dir)
+            http = _metrics_endpoint(config, metrics_dir, lambda: workers_reason(
+                metrics_dir, [worker.pid if worker is not None else None for worker in workers]))
         for index in range(count):
             workers[index] = _start(command, index, env)
         log.info("tierproxy supervising %d workers (pids %s)", count, [w.pid for w in workers if w])
@@ -178,7 +182,7 @@ def _reserve_port(host: str) -> socket.socket:
     return sock
 
 
-def _metrics_endpoint(config: Config, metrics_dir: str) -> WSGIServer:
+def _metrics_endpoint(config: Config, metrics_dir: str, ready: Callable[[], str | None]) -> WSGIServer:
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -186,7 +190,7 @@ def _metrics_endpoint(config: Config, metrics_dir: str) -> WSGIServer:
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=metrics_dir)
-    return metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], registry)
+    return metrics_endpoint(config[PROXY_LISTENER_HOST], config[METRICS_PORT], registry, ready)
 
 
 def _forget(metrics_dir: str, pid: int) -> None:
