@@ -170,6 +170,11 @@ class ChunkLeases:
     def __len__(self) -> int:
         return len(self._held)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers held (a chunk's buffer is chunk-sized, its chunk may be shorter)."""
+        return sum(len(buffer) for buffer in self._held)
+
 
 _RESPONSE_LEASES: contextvars.ContextVar[ChunkLeases | None] = contextvars.ContextVar(
     "tierproxy_response_leases", default=None)
