@@ -40,7 +40,7 @@ import sys
 import termios
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 __all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "STALLED_AFTER_S", "WireBuffer", "copied_for_stalled",
@@ -75,8 +75,13 @@ def give_back_stalled() -> int:
 
 
 def stalled_chunk_bytes() -> int:
-    """Bytes of the chunks that the responses of stalled writers hold now."""
-    return sum(writer.chunk_bytes for writer in list(_stalled) if writer.stalled)
+    """Bytes of the chunks that the responses of stalled writers hold now, each chunk once
+    however many of them hold it."""
+    held: set[object] = set()
+    for writer in list(_stalled):
+        if writer.stalled:
+            held.update(writer.chunk_buffers())
+    return sum(len(buffer) for buffer in held)  # type: ignore[arg-type, misc]  # chunk buffers have a length
 
 
 def copied_for_stalled() -> int:
@@ -116,9 +121,8 @@ class Releasable(Protocol):
         """Chunks held."""
         ...
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the chunks held."""
+    def buffers(self) -> Iterable[object]:
+        """The chunk buffers held."""
         ...
 
 
@@ -190,11 +194,13 @@ class PacedWriter:
         """Paused for STALLED_AFTER_S or longer: the client is not taking what it is sent."""
         return self._paused and time.monotonic() - self._paused_since >= STALLED_AFTER_S
 
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of the chunks the responses queued here or in the transport hold."""
-        return (sum(leases.nbytes for leases in self._handed)
-                + sum(response.leases.nbytes for response in self._queue if response.leases is not None))
+    def chunk_buffers(self) -> Iterator[object]:
+        """The chunk buffers the responses queued here or in the transport hold."""
+        for leases in self._handed:
+            yield from leases.buffers()
+        for response in self._queue:
+            if response.leases is not None:
+                yield from response.leases.buffers()
 
     def pause_writing(self) -> None:
         """The transport's pause_writing: it holds unsent bytes."""
