@@ -23,7 +23,11 @@ clients have read what they were sent (`ReadOwner.reads_responses`) take their t
 the others (new connections, and ones that reset mid-response or never read) get every
 NEWCOMER_TURNS-th turn, or any turn nobody else waits for, so they are never starved and a
 new consumer earns its place with its first response. An owner whose responses are not
-being read now (`ReadOwner.stalled`) waits behind every other owner. When the queue is
+being read now (`ReadOwner.stalled`) waits behind every other owner. Whatever waits, the
+reads of owners that do not read their responses run on at most `low_rank_readers` of the
+readers at once (a quarter of them, at least one): a flood of connections that reset or
+never read cannot take the readers, nor the CPU their reads cost, from the consumers that
+read. When the queue is
 full, the owner ranked lowest, or with the most reads waiting, gives up its newest one to
 a submitter that ranks higher or has fewer (ReaderQueueFull for that read), so the bound
 holds without refusing the connections that queue little.
@@ -128,6 +132,9 @@ class RemoteLogReaderPool:
         self._pending: dict[ReadOwner | None, collections.deque[_Entry]] = {}
         self._waiting = 0
         self._turn = 0  # turns given, for the newcomers' share
+        #: Readers that reads of owners ranked below the first may hold at once.
+        self.low_rank_readers = max(1, threads // 4)
+        self._running_low = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: self._waiting)
@@ -163,10 +170,11 @@ class RemoteLogReaderPool:
         # The read runs in the submitter's context, whenever it starts: what it reads is
         # leased to the submitter's response (cache.chunk_buffers.current_leases).
         context = contextvars.copy_context()
-        if self._running < self.threads:
-            self._launch(read, future, context)
-            return future
         owner = _OWNER.get()
+        low = _rank(owner) > 0
+        if self._running < self.threads and not (low and self._running_low >= self.low_rank_readers):
+            self._launch(read, future, context, low)
+            return future
         if self._waiting >= self.max_pending_tasks and not self._push_out(owner):
             raise ReaderQueueFull(
                 f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting"
@@ -264,17 +272,19 @@ class RemoteLogReaderPool:
     # ------------------------------------------------------------------ internals
 
     def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome],
-                context: contextvars.Context) -> None:
+                context: contextvars.Context, low: bool) -> None:
         self._account()
         self._running += 1
+        self._running_low += low
         loop = asyncio.get_running_loop()
         if self._ticker is None:
             self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
-        task = loop.create_task(self._run(read, future), context=context)
+        task = loop.create_task(self._run(read, future, low), context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
+    async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome],
+                   low: bool) -> None:
         try:
             try:
                 outcome = ReadOutcome(value=await read())
@@ -290,11 +300,14 @@ class RemoteLogReaderPool:
         finally:
             self._account()
             self._running -= 1
+            self._running_low -= low
             self._start_waiting()
 
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
-            owner = self._next_owner()
+            found, owner = self._next_owner()
+            if not found:
+                return  # only reads of low rank wait, and they hold all the readers they may
             entries = self._pending.pop(owner)
             self._account()
             read, future, context = entries.popleft()
@@ -302,19 +315,25 @@ class RemoteLogReaderPool:
             if entries:
                 self._pending[owner] = entries  # its next read waits for its next turn
             if not future.done():
-                self._launch(read, future, context)
+                self._launch(read, future, context, _rank(owner) > 0)
 
-    def _next_owner(self) -> ReadOwner | None:
-        """The owner whose turn it is (the module's docstring says who goes first)."""
+    def _next_owner(self) -> tuple[bool, ReadOwner | None]:
+        """(whether one may start, the owner whose turn it is): the module's docstring says who
+        goes first."""
         self._turn += 1
         first: dict[int, ReadOwner | None] = {}
         for owner in self._pending:
             first.setdefault(_rank(owner), owner)
             if 0 in first and 1 in first:
                 break
-        if 1 in first and (0 not in first or self._turn % NEWCOMER_TURNS == 0):
-            return first[1]
-        return first[0] if 0 in first else first.get(1, first.get(2))
+        low_may_run = self._running_low < self.low_rank_readers
+        if low_may_run and 1 in first and (0 not in first or self._turn % NEWCOMER_TURNS == 0):
+            return True, first[1]
+        if 0 in first:
+            return True, first[0]
+        if not low_may_run:
+            return False, None
+        return True, first[1] if 1 in first else first[2]
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""

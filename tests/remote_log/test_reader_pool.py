@@ -215,6 +215,27 @@ async def test_connections_that_have_not_read_a_response_get_one_turn_in_newcome
     await pool.close()
 
 
+async def test_reads_of_connections_that_do_not_read_run_on_a_quarter_of_the_readers() -> None:
+    """However many such reads wait, and even with readers idle, they hold at most
+    `low_rank_readers` readers at once; a consumer that reads gets the others at once."""
+    pool = RemoteLogReaderPool(threads=4, max_pending_tasks=100)
+    assert pool.low_rank_readers == 1
+    gate = Gate()
+    resetters = [Owner(f"reset{i}", reads_responses=False) for i in range(3)]
+    stuck = Owner("stuck", stalled=True)
+    low = [submit_for(pool, owner, gate.read) for owner in [*resetters, stuck] for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert (gate.running, pool.active, pool.queue_size) == (1, 1, 7)
+    reader = Owner("reader")
+    mine = [submit_for(pool, reader, gate.read) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert (gate.running, pool.queue_size) == (4, 7)
+    gate.release.set()
+    await asyncio.wait_for(asyncio.gather(*low, *mine), 5)
+    assert gate.finished == 11
+    await pool.close()
+
+
 async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiting() -> None:
     """The bound holds, but the connection that queued most gives up its place, not the
     one arriving with fewer: its read gets ReaderQueueFull as its outcome."""
