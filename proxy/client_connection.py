@@ -326,12 +326,6 @@ class ClientConnection(asyncio.Protocol):
         or its socket has taken nothing for a while (`paced.STALLED_AFTER_S`)."""
         return self._client_behind or (self._writer is not None and self._writer.stalled)
 
-    @property
-    def reads_responses(self) -> bool:
-        """The client has taken a whole response of remote records: its reads go before
-        those of connections that never did (new ones, and ones that reset or never read)."""
-        return self._writer is not None and self._writer.chunk_responses_taken > 0
-
     def _client_fell_behind(self) -> None:
         # The client is not reading: neither its requests nor its broker's responses are.
         self._client_behind = True

@@ -117,10 +117,6 @@ def socket_room(sock: socket.socket | None) -> int:
 class Releasable(Protocol):
     def release(self) -> None: ...
 
-    def __len__(self) -> int:
-        """Chunks held."""
-        ...
-
     def buffers(self) -> Iterable[object]:
         """The chunk buffers held."""
         ...
@@ -164,9 +160,6 @@ class PacedWriter:
         self._paused = False  # the transport holds unsent bytes
         self._paused_since = 0.0  # when the transport last paused the writer
         self._was_stalled = False  # the last pause lasted STALLED_AFTER_S or longer
-        #: Responses holding chunks that went to the socket whole (not copied out, not cut
-        #: short by a closing connection): the client reads what it asks for.
-        self.chunk_responses_taken = 0
         self._behind = False
         self._closed = False
         self._copy_handed = 0  # bytes of the copy last handed over, when the socket was full
@@ -213,7 +206,7 @@ class PacedWriter:
         self._was_stalled = self.stalled
         self._paused = False
         _stalled.discard(self)
-        self._release_handed(taken=True)
+        self._release_handed()
         self._pump()
 
     def close(self, flush: bool) -> None:
@@ -340,14 +333,11 @@ class PacedWriter:
 
     def _release_written(self) -> None:
         if self._handed and not self._transport.get_write_buffer_size():
-            self._release_handed(taken=True)
+            self._release_handed()
 
-    def _release_handed(self, *, taken: bool = False) -> None:
-        """Give back the leases of the responses handed over; `taken`: they went to the socket whole."""
+    def _release_handed(self) -> None:
         handed, self._handed = self._handed, []
         for leases in handed:
-            if taken and leases:
-                self.chunk_responses_taken += 1
             leases.release()
 
     def _check_behind(self) -> None:

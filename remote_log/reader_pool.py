@@ -18,19 +18,11 @@ holds a partial chunk or index, whatever is cancelled when.
 
 Waiting reads take turns by owner (`read_owner`: the client connection a read is for),
 round robin, not first come first served: fifty connections that pipeline Fetches get one
-turn each, as one honest consumer does, not fifty times their partitions. Owners whose
-clients have read what they were sent (`ReadOwner.reads_responses`) take their turns first;
-the others (new connections, and ones that reset mid-response or never read) get every
-NEWCOMER_TURNS-th turn, or any turn nobody else waits for, so they are never starved and a
-new consumer earns its place with its first response. An owner whose responses are not
-being read now (`ReadOwner.stalled`) waits behind every other owner. Whatever waits, the
-reads of owners that do not read their responses run on at most `low_rank_readers` of the
-readers at once (a quarter of them, at least one): a flood of connections that reset or
-never read cannot take the readers, nor the CPU their reads cost, from the consumers that
-read. When the queue is
-full, the owner ranked lowest, or with the most reads waiting, gives up its newest one to
-a submitter that ranks higher or has fewer (ReaderQueueFull for that read), so the bound
-holds without refusing the connections that queue little.
+turn each, as one honest consumer does, not fifty times their partitions. An owner whose
+responses are not being read (`ReadOwner.stalled`) waits behind every other owner. When the
+queue is full, a stalled owner, or else the one with the most reads waiting, gives up its
+newest read to a submitter that is not stalled or has fewer (ReaderQueueFull for that
+read), so the bound holds without refusing the connections that queue little.
 """
 
 from __future__ import annotations
@@ -59,21 +51,12 @@ T = TypeVar("T")
 ACCOUNT_INTERVAL_S = 1.0
 
 
-# Owners that have not (yet) read their responses get one turn in this many while others wait.
-NEWCOMER_TURNS = 8
-
-
 class ReadOwner(Protocol):
     """Whom a read is for: the pool gives owners turns in rotation."""
 
     @property
     def stalled(self) -> bool:
         """Its responses are not being read: its reads wait behind every other owner's."""
-        ...
-
-    @property
-    def reads_responses(self) -> bool:
-        """It has read a whole response of what it asked for: its reads go first."""
         ...
 
 
@@ -86,25 +69,14 @@ def read_owner(owner: ReadOwner | None) -> contextvars.Token[ReadOwner | None]:
 
 
 def owner_reads_ahead() -> bool:
-    """Whether the read running in this context may load chunks ahead: only for an owner that
-    reads its responses and is not stalled now. Chunks loaded ahead for the others (reads
-    that are never taken, or random ones from connections that reset) would only take the
-    chunk cache's room from readers that read; a new consumer gets read-ahead from the
-    Fetch after its first response on."""
-    return _rank(_OWNER.get()) == 0
+    """Whether the read running in this context may load chunks ahead: not for a stalled
+    owner, whose chunks loaded ahead would only take the chunk cache's room from readers
+    that read."""
+    return not _stalled(_OWNER.get())
 
 
 def _stalled(owner: ReadOwner | None) -> bool:
     return owner is not None and owner.stalled
-
-
-def _rank(owner: ReadOwner | None) -> int:
-    """0: reads its responses (or no owner: not a client's read), 1: not yet, 2: stalled."""
-    if owner is None:
-        return 0
-    if owner.stalled:
-        return 2
-    return 0 if owner.reads_responses else 1
 
 
 _Entry = tuple[Callable[[], Awaitable[object]], "asyncio.Future[ReadOutcome]", contextvars.Context]
@@ -131,10 +103,6 @@ class RemoteLogReaderPool:
         # Waiting reads by owner; the owners in turn order (the next to start first).
         self._pending: dict[ReadOwner | None, collections.deque[_Entry]] = {}
         self._waiting = 0
-        self._turn = 0  # turns given, for the newcomers' share
-        #: Readers that reads of owners ranked below the first may hold at once.
-        self.low_rank_readers = max(1, threads // 4)
-        self._running_low = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: self._waiting)
@@ -170,11 +138,10 @@ class RemoteLogReaderPool:
         # The read runs in the submitter's context, whenever it starts: what it reads is
         # leased to the submitter's response (cache.chunk_buffers.current_leases).
         context = contextvars.copy_context()
-        owner = _OWNER.get()
-        low = _rank(owner) > 0
-        if self._running < self.threads and not (low and self._running_low >= self.low_rank_readers):
-            self._launch(read, future, context, low)
+        if self._running < self.threads:
+            self._launch(read, future, context)
             return future
+        owner = _OWNER.get()
         if self._waiting >= self.max_pending_tasks and not self._push_out(owner):
             raise ReaderQueueFull(
                 f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting"
@@ -190,8 +157,8 @@ class RemoteLogReaderPool:
         """The queue is full: refuse the newest read of the owner with the most waiting
         (a stalled owner's first), if it has more than `owner`; whether one was refused."""
         mine = len(self._pending.get(owner, ()))
-        hog = max(self._pending, key=lambda o: (_rank(o), len(self._pending[o])))
-        if hog is owner or not (len(self._pending[hog]) > mine or _rank(hog) > _rank(owner)):
+        hog = max(self._pending, key=lambda o: (_stalled(o), len(self._pending[o])))
+        if hog is owner or not (len(self._pending[hog]) > mine or _stalled(hog) and not _stalled(owner)):
             return False
         entry = self._pending[hog][-1]
         self._remove(hog, entry)
@@ -272,19 +239,17 @@ class RemoteLogReaderPool:
     # ------------------------------------------------------------------ internals
 
     def _launch(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome],
-                context: contextvars.Context, low: bool) -> None:
+                context: contextvars.Context) -> None:
         self._account()
         self._running += 1
-        self._running_low += low
         loop = asyncio.get_running_loop()
         if self._ticker is None:
             self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
-        task = loop.create_task(self._run(read, future, low), context=context)
+        task = loop.create_task(self._run(read, future), context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome],
-                   low: bool) -> None:
+    async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
         try:
             try:
                 outcome = ReadOutcome(value=await read())
@@ -300,14 +265,11 @@ class RemoteLogReaderPool:
         finally:
             self._account()
             self._running -= 1
-            self._running_low -= low
             self._start_waiting()
 
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
-            found, owner = self._next_owner()
-            if not found:
-                return  # only reads of low rank wait, and they hold all the readers they may
+            owner = self._next_owner()
             entries = self._pending.pop(owner)
             self._account()
             read, future, context = entries.popleft()
@@ -315,25 +277,14 @@ class RemoteLogReaderPool:
             if entries:
                 self._pending[owner] = entries  # its next read waits for its next turn
             if not future.done():
-                self._launch(read, future, context, _rank(owner) > 0)
+                self._launch(read, future, context)
 
-    def _next_owner(self) -> tuple[bool, ReadOwner | None]:
-        """(whether one may start, the owner whose turn it is): the module's docstring says who
-        goes first."""
-        self._turn += 1
-        first: dict[int, ReadOwner | None] = {}
+    def _next_owner(self) -> ReadOwner | None:
+        """The first owner in turn that is not stalled; all stalled, the first."""
         for owner in self._pending:
-            first.setdefault(_rank(owner), owner)
-            if 0 in first and 1 in first:
-                break
-        low_may_run = self._running_low < self.low_rank_readers
-        if low_may_run and 1 in first and (0 not in first or self._turn % NEWCOMER_TURNS == 0):
-            return True, first[1]
-        if 0 in first:
-            return True, first[0]
-        if not low_may_run:
-            return False, None
-        return True, first[1] if 1 in first else first[2]
+            if not _stalled(owner):
+                return owner
+        return next(iter(self._pending))
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""

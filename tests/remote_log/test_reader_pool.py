@@ -18,7 +18,6 @@ from tierproxy.remote_log.reader_pool import (
     ReaderQueueFull,
     ReadOutcome,
     RemoteLogReaderPool,
-    NEWCOMER_TURNS,
     owner_reads_ahead,
     read_owner,
 )
@@ -113,13 +112,11 @@ async def test_a_full_queue_is_an_immediate_error_not_a_wait() -> None:
 
 
 class Owner:
-    """A connection that reads are for: `stalled` while its client reads nothing, and
-    `reads_responses` once it has read one whole."""
+    """A connection that reads are for: `stalled` while its client reads nothing."""
 
-    def __init__(self, name: str, stalled: bool = False, reads_responses: bool = True) -> None:
+    def __init__(self, name: str, stalled: bool = False) -> None:
         self.name = name
         self.stalled = stalled
-        self.reads_responses = reads_responses
 
 
 def submit_for(pool: RemoteLogReaderPool, owner: Owner, read):  # type: ignore[no-untyped-def]
@@ -192,50 +189,6 @@ async def test_a_stalled_owners_reads_wait_behind_every_other_owners() -> None:
     await pool.close()
 
 
-async def test_connections_that_have_not_read_a_response_get_one_turn_in_newcomer_turns() -> None:
-    """Connections that reset mid-response or never read (new ones alike) take a share of
-    the turns while those that read theirs wait, never all of them, and are never starved."""
-    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=100)
-    order = Order()
-    reader = Owner("reader")
-    newcomers = [Owner(f"new{i}", reads_responses=False) for i in range(4)]
-    futures = [submit_for(pool, reader, order.read("running"))]
-    for new in newcomers:
-        futures += [submit_for(pool, new, order.read(f"{new.name}-{p}")) for p in range(2)]
-    futures += [submit_for(pool, reader, order.read(f"reader-{p}")) for p in range(2 * NEWCOMER_TURNS)]
-    await run_one_at_a_time(pool, order, futures)
-    started = order.started[1:]
-    first = started[:2 * NEWCOMER_TURNS]
-    # Of the first 2 x NEWCOMER_TURNS turns, the reading connection had all but two.
-    assert sum(label.startswith("reader") for label in first) == 2 * NEWCOMER_TURNS - 2, first
-    assert first[NEWCOMER_TURNS - 1] == "new0-0" and first[2 * NEWCOMER_TURNS - 1] == "new1-0", first
-    # Its last two, then, once it waits no more, the newcomers take every turn, in rotation.
-    assert started[2 * NEWCOMER_TURNS:][:6] == [f"reader-{2 * NEWCOMER_TURNS - 2}", f"reader-{2 * NEWCOMER_TURNS - 1}",
-                                                "new2-0", "new3-0", "new0-1", "new1-1"], started
-    await pool.close()
-
-
-async def test_reads_of_connections_that_do_not_read_run_on_a_quarter_of_the_readers() -> None:
-    """However many such reads wait, and even with readers idle, they hold at most
-    `low_rank_readers` readers at once; a consumer that reads gets the others at once."""
-    pool = RemoteLogReaderPool(threads=4, max_pending_tasks=100)
-    assert pool.low_rank_readers == 1
-    gate = Gate()
-    resetters = [Owner(f"reset{i}", reads_responses=False) for i in range(3)]
-    stuck = Owner("stuck", stalled=True)
-    low = [submit_for(pool, owner, gate.read) for owner in [*resetters, stuck] for _ in range(2)]
-    await asyncio.sleep(0.01)
-    assert (gate.running, pool.active, pool.queue_size) == (1, 1, 7)
-    reader = Owner("reader")
-    mine = [submit_for(pool, reader, gate.read) for _ in range(3)]
-    await asyncio.sleep(0.01)
-    assert (gate.running, pool.queue_size) == (4, 7)
-    gate.release.set()
-    await asyncio.wait_for(asyncio.gather(*low, *mine), 5)
-    assert gate.finished == 11
-    await pool.close()
-
-
 async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiting() -> None:
     """The bound holds, but the connection that queued most gives up its place, not the
     one arriving with fewer: its read gets ReaderQueueFull as its outcome."""
@@ -257,17 +210,15 @@ async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiti
     await pool.close()
 
 
-async def test_only_the_reads_of_owners_that_read_their_responses_read_ahead() -> None:
-    """The reader asks `owner_reads_ahead` whether to prefetch: not for a stalled owner, nor
-    for one that has not read a response yet; yes for the others and for reads of no owner."""
+async def test_a_stalled_owners_reads_read_nothing_ahead() -> None:
+    """The reader asks `owner_reads_ahead` whether to prefetch: not for a stalled owner."""
     pool = RemoteLogReaderPool(threads=2, max_pending_tasks=4)
 
     async def ask() -> bool:
         return owner_reads_ahead()
 
-    owners = [Owner("reads"), Owner("stalled", stalled=True), Owner("new", reads_responses=False)]
-    answers = [await submit_for(pool, owner, ask) for owner in owners]
-    assert [a.value for a in answers] == [True, False, False]
+    answers = [await submit_for(pool, owner, ask) for owner in (Owner("reads"), Owner("stuck", stalled=True))]
+    assert [a.value for a in answers] == [True, False]
     assert await pool.submit(ask) == ReadOutcome(value=True)  # no owner: not a client's read
     await pool.close()
 
