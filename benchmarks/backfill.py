@@ -269,14 +269,16 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
     raise RuntimeError(f"tierproxy serve does not listen on {port}")
 
 
-def proxy_counters(port: int) -> dict[str, float]:
-    """The proxy's own view of a replay, summed over labels: remote reads that ran out of
-    `remote.fetch.max.wait.ms`, remote reads answered, and their total seconds."""
+def proxy_counters(port: int, wanted: dict[str, str] | None = None) -> dict[str, float]:
+    """The proxy's own view of a replay, summed over labels: by default remote reads that ran
+    out of `remote.fetch.max.wait.ms`, remote reads answered, and their total seconds;
+    `wanted` maps other metric names to the keys they are returned under."""
     import urllib.request
 
-    wanted = {"tierproxy_remote_fetch_expired_total": "expired",
-              "tierproxy_remote_read_seconds_count": "reads",
-              "tierproxy_remote_read_seconds_sum": "read_s"}
+    if wanted is None:
+        wanted = {"tierproxy_remote_fetch_expired_total": "expired",
+                  "tierproxy_remote_read_seconds_count": "reads",
+                  "tierproxy_remote_read_seconds_sum": "read_s"}
     totals = dict.fromkeys(wanted.values(), 0.0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():

@@ -170,6 +170,10 @@ class ChunkLeases:
     def __len__(self) -> int:
         return len(self._held)
 
+    def buffers(self) -> list[mmap.mmap]:
+        """The buffers held (a chunk's buffer is chunk-sized, its chunk may be shorter)."""
+        return list(self._held)
+
 
 _RESPONSE_LEASES: contextvars.ContextVar[ChunkLeases | None] = contextvars.ContextVar(
     "tierproxy_response_leases", default=None)

@@ -19,7 +19,9 @@ The connection behaves like a broker's channel:
   requests are unanswered, or while the broker is not reading. A client that does
   not read its responses therefore holds at most one response beyond that bound; the
   remote chunks its responses send from stay leased (``cache.chunk_buffers``) until
-  they are written or the connection closes, within the chunk cache's bound.
+  they are written or the connection closes, within the chunk cache's bound. Such a
+  connection is ``stalled``: remote reads still to run for it wait behind other
+  connections' in the reader pool, whose turns go round the connections.
 - Limits: the frame bound and the requests allowed are the authentication gate's
   (``socket.request.max.bytes``; before a SASL login ``sasl.server.max.receive.size``
   whenever the listener may want one, see ``proxy.authentication``),
@@ -72,6 +74,7 @@ from .metrics import api_name
 from .ordering import ResponseOrderer, ResponseSlot
 from .paced import PacedWriter, Releasable
 from tierproxy.cache.chunk_buffers import ChunkLeases, response_leases
+from tierproxy.remote_log.reader_pool import read_owner
 from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
 
 if TYPE_CHECKING:
@@ -317,6 +320,12 @@ class ClientConnection(asyncio.Protocol):
         if self._writer is not None:
             self._writer.resume_writing()
 
+    @property
+    def stalled(self) -> bool:
+        """The client is not reading its responses: more than the pending bound is unsent,
+        or its socket has taken nothing for a while (`paced.STALLED_AFTER_S`)."""
+        return self._client_behind or (self._writer is not None and self._writer.stalled)
+
     def _client_fell_behind(self) -> None:
         # The client is not reading: neither its requests nor its broker's responses are.
         self._client_behind = True
@@ -438,6 +447,7 @@ class ClientConnection(asyncio.Protocol):
         # Every remote chunk read for this response is leased to it until it is written.
         leases = ChunkLeases()
         response_leases(leases)
+        read_owner(self)  # its remote reads take this connection's turns in the reader pool
         answered = False
         try:
             response = await run_chain(chain, self.ctx, ClientRequest(header, body))

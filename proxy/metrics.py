@@ -51,6 +51,14 @@ class ProxyMetrics:
             "tierproxy_client_bytes_in", "Bytes received from clients.", registry=self.registry)
         self.client_bytes_out = Counter(
             "tierproxy_client_bytes_out", "Bytes sent to clients.", registry=self.registry)
+        self.stalled_chunk_bytes = Gauge(
+            "tierproxy_stalled_chunk_bytes", "Bytes of remote chunks held by the responses of clients that "
+            "stopped reading (their socket took nothing for a while), counted against "
+            "remote.log.chunk.cache.size.bytes.", registry=self.registry, multiprocess_mode="livesum")
+        self.stalled_chunk_bytes_copied = Counter(
+            "tierproxy_stalled_chunk_bytes_copied", "Bytes copied for clients whose socket was full: "
+            "pieces the transport keeps for them and chunk slices copied out so that their chunks "
+            "could go back to the cache.", registry=self.registry)
         self._forwarded: dict[int, Counter] = {}
         self._intercepted: dict[int, Counter] = {}
 

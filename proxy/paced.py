@@ -21,6 +21,11 @@ hold, `give_back_stalled` has every stalled writer (its transport paused) copy t
 slices it still queues and give their leases back: the copies are bounded by the
 connection's `max.pending.response.bytes.per.connection`, and a client that reads never
 has anything copied.
+
+A writer paused for `STALLED_AFTER_S` without its client taking anything is `stalled`: its
+connection's remote reads wait behind others' and read no chunks ahead
+(`remote_log.reader_pool`). `stalled_chunk_bytes` and `copied_for_stalled` say what such
+clients cost: the chunk bytes their responses hold, and the bytes copied for them.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ import socket
 import struct
 import sys
 import termios
+import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "WireBuffer", "give_back_stalled", "socket_room")
+__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "STALLED_AFTER_S", "WireBuffer", "copied_for_stalled",
+           "give_back_stalled", "socket_room", "stalled_chunk_bytes")
 
 WireBuffer = bytes | bytearray | memoryview
 """What a transport writes: a response's parts as they are."""
@@ -46,6 +53,10 @@ MIN_PIECE = 64 * 1024
 """Bytes handed to a transport whose socket seems full, or whose room cannot be known: the
 transport queues them and says when they went out."""
 
+STALLED_AFTER_S = 0.5
+"""A writer paused this long (its client took nothing meanwhile) is stalled: a client that
+reads takes a socket's worth within milliseconds on any network a Kafka client uses."""
+
 _UNSIGNED = struct.Struct("I")
 
 # The writers of this process whose transport is paused (the client reads slower than
@@ -53,10 +64,36 @@ _UNSIGNED = struct.Struct("I")
 _stalled: weakref.WeakSet[PacedWriter] = weakref.WeakSet()
 
 
+_copied = 0  # bytes copied for clients whose socket was full, since the process started
+
+
 def give_back_stalled() -> int:
     """Every stalled writer copies the chunk slices it queues and gives their leases back
-    (see the module's docstring); the bytes copied."""
-    return sum(writer.copy_out() for writer in list(_stalled))
+    (see the module's docstring); the bytes copied. A writer paused for less than
+    STALLED_AFTER_S is left alone: its client is reading, and gives its chunks back soon."""
+    return sum(writer.copy_out() for writer in list(_stalled) if writer.stalled)
+
+
+def stalled_chunk_bytes() -> int:
+    """Bytes of the chunks that the responses of stalled writers hold now, each chunk once
+    however many of them hold it."""
+    held: set[object] = set()
+    for writer in list(_stalled):
+        if writer.stalled:
+            held.update(writer.chunk_buffers())
+    return sum(len(buffer) for buffer in held)  # type: ignore[arg-type, misc]  # chunk buffers have a length
+
+
+def copied_for_stalled() -> int:
+    """Bytes copied so far for stalled clients: chunk slices copied out by `give_back_stalled`,
+    and pieces handed to the transport of a writer that was last paused for STALLED_AFTER_S
+    or longer."""
+    return _copied
+
+
+def _count_copy(nbytes: int) -> None:
+    global _copied
+    _copied += nbytes
 
 
 def _views_a_chunk(part: WireBuffer) -> bool:
@@ -79,6 +116,10 @@ def socket_room(sock: socket.socket | None) -> int:
 
 class Releasable(Protocol):
     def release(self) -> None: ...
+
+    def buffers(self) -> Iterable[object]:
+        """The chunk buffers held."""
+        ...
 
 
 class _Response:
@@ -117,6 +158,8 @@ class PacedWriter:
         self._queued_bytes = 0  # not handed to the transport yet
         self._handed: list[Releasable] = []  # leases of responses the transport still sends
         self._paused = False  # the transport holds unsent bytes
+        self._paused_since = 0.0  # when the transport last paused the writer
+        self._was_stalled = False  # the last pause lasted STALLED_AFTER_S or longer
         self._behind = False
         self._closed = False
         self._copy_handed = 0  # bytes of the copy last handed over, when the socket was full
@@ -139,13 +182,28 @@ class PacedWriter:
         self._queued_bytes += sum(len(part) for part in parts)
         self._pump()
 
+    @property
+    def stalled(self) -> bool:
+        """Paused for STALLED_AFTER_S or longer: the client is not taking what it is sent."""
+        return self._paused and time.monotonic() - self._paused_since >= STALLED_AFTER_S
+
+    def chunk_buffers(self) -> Iterator[object]:
+        """The chunk buffers the responses queued here or in the transport hold."""
+        for leases in self._handed:
+            yield from leases.buffers()
+        for response in self._queue:
+            if response.leases is not None:
+                yield from response.leases.buffers()
+
     def pause_writing(self) -> None:
         """The transport's pause_writing: it holds unsent bytes."""
         self._paused = True
+        self._paused_since = time.monotonic()
         _stalled.add(self)
 
     def resume_writing(self) -> None:
         """The transport's resume_writing: it sent everything it held."""
+        self._was_stalled = self.stalled
         self._paused = False
         _stalled.discard(self)
         self._release_handed()
@@ -191,6 +249,7 @@ class PacedWriter:
             response.parts, response.index, response.offset = parts, 0, 0
             response.leases.release()
             response.leases = None
+        _count_copy(copied)
         transport = self._transport
         if (self._handed and transport.get_extra_info("sslcontext") is None
                 and transport.get_write_buffer_size() <= self._copy_handed):
@@ -226,6 +285,8 @@ class PacedWriter:
                 copy = b"".join(self._pieces(MIN_PIECE))
                 transport.write(copy)
                 self._copy_handed = len(copy)
+                if self._was_stalled:
+                    _count_copy(len(copy))
             elif self._writes_lines:
                 self._copy_handed = 0
                 transport.writelines(self._pieces(room))

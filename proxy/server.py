@@ -43,6 +43,7 @@ from .authentication import UpstreamListener
 from .client_connection import ClientConnection
 from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
+from .paced import copied_for_stalled, stalled_chunk_bytes
 from .tls import CertificateNames, listener_ssl_context
 
 __all__ = ("ProxyServer",)
@@ -232,13 +233,19 @@ class ProxyServer:
     # --- internals ---------------------------------------------------------------------
 
     async def _reap(self) -> None:
-        """Close idle connections and ones stuck inside a frame, a few times per timeout."""
+        """Close idle connections and ones stuck inside a frame, a few times per timeout;
+        bring the metrics of stalled clients up to date meanwhile."""
         tick = min(1.0, self._idle_s / 4, self._receive_s / 4)
+        copied = copied_for_stalled()
+        metrics = self.services.metrics
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for connection in list(self._connections):
                 connection.check_timeouts(now, self._idle_s, self._receive_s)
+            metrics.stalled_chunk_bytes.set(stalled_chunk_bytes())
+            copied, before = copied_for_stalled(), copied
+            metrics.stalled_chunk_bytes_copied.inc(copied - before)
 
     def _check_certificate_names(self, host: str, listener: str) -> None:
         """Warn once per host about a name the listeners' certificate does not cover:

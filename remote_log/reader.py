@@ -68,6 +68,7 @@ from tierproxy.storage.rsm import RemoteStorageManager
 from .failures import Cause, cause_of
 from .metrics import RemoteMetrics
 from .read_ahead import ReadAhead
+from .reader_pool import owner_reads_ahead
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
 from .throttled_log import ThrottledLog
 from .transactions import collect_aborted
@@ -217,7 +218,7 @@ class RemoteLogReader:
             if following is None:
                 break
             segment = following
-        if read.records:
+        if read.records and owner_reads_ahead():
             self._read_ahead_following(segment, read.next_position, leader_epoch)
         next_offset = fetch_offset if read.last_offset is None else read.last_offset + 1
         aborted, complete = None, True
@@ -235,7 +236,8 @@ class RemoteLogReader:
         found = False
         with self._corruption_of(segment):
             position = (await self.index_cache.offset_index(segment)).lookup(fetch_offset).position
-            async with contextlib.aclosing(self._batches(segment, position, fetch_offset, read_ahead=True)) as batches:
+            async with contextlib.aclosing(self._batches(segment, position, fetch_offset,
+                                                         read_ahead=owner_reads_ahead())) as batches:
                 try:
                     async for batch in batches:
                         header = batch.header

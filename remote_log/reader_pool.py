@@ -15,6 +15,14 @@ running is not interrupted. It completes in the background and warms the caches,
 and since it keeps its reader until then, such reads are bounded by `threads`
 like any other; its result is dropped. Nothing is left half done: no cache ever
 holds a partial chunk or index, whatever is cancelled when.
+
+Waiting reads take turns by owner (`read_owner`: the client connection a read is for),
+round robin, not first come first served: fifty connections that pipeline Fetches get one
+turn each, as one honest consumer does, not fifty times their partitions. An owner whose
+responses are not being read (`ReadOwner.stalled`) waits behind every other owner. When the
+queue is full, a stalled owner, or else the one with the most reads waiting, gives up its
+newest read to a submitter that is not stalled or has fewer (ReaderQueueFull for that
+read), so the bound holds without refusing the connections that queue little.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from tierproxy.storage.backoff import read_deadline
 from .failures import Cause, ReaderQueueFull
@@ -34,13 +42,44 @@ from .metrics import RemoteMetrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ("ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool")
+__all__ = ("ReadOwner", "ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool", "owner_reads_ahead", "read_owner")
 
 T = TypeVar("T")
 
 # While reads run or wait, the busy and queue seconds are brought up to date this often,
 # so that a scrape in the middle of a long read sees its time so far.
 ACCOUNT_INTERVAL_S = 1.0
+
+
+class ReadOwner(Protocol):
+    """Whom a read is for: the pool gives owners turns in rotation."""
+
+    @property
+    def stalled(self) -> bool:
+        """Its responses are not being read: its reads wait behind every other owner's."""
+        ...
+
+
+_OWNER: contextvars.ContextVar[ReadOwner | None] = contextvars.ContextVar("tierproxy_read_owner", default=None)
+
+
+def read_owner(owner: ReadOwner | None) -> contextvars.Token[ReadOwner | None]:
+    """Make `owner` the owner of every read submitted in this context from now on."""
+    return _OWNER.set(owner)
+
+
+def owner_reads_ahead() -> bool:
+    """Whether the read running in this context may load chunks ahead: not for a stalled
+    owner, whose chunks loaded ahead would only take the chunk cache's room from readers
+    that read."""
+    return not _stalled(_OWNER.get())
+
+
+def _stalled(owner: ReadOwner | None) -> bool:
+    return owner is not None and owner.stalled
+
+
+_Entry = tuple[Callable[[], Awaitable[object]], "asyncio.Future[ReadOutcome]", contextvars.Context]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +100,12 @@ class RemoteLogReaderPool:
         self.max_pending_tasks = max_pending_tasks
         self.metrics = metrics if metrics is not None else RemoteMetrics()
         self._running = 0
-        self._pending: collections.deque[tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome],
-                                               contextvars.Context]] = collections.deque()
+        # Waiting reads by owner; the owners in turn order (the next to start first).
+        self._pending: dict[ReadOwner | None, collections.deque[_Entry]] = {}
+        self._waiting = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.metrics.reader_queue_size.set_function(lambda: len(self._pending))
+        self.metrics.reader_queue_size.set_function(lambda: self._waiting)
         self.metrics.reader_avg_idle.set_function(self.idle_ratio)
         self.metrics.reader_threads.set(threads)
         # The busy and queue seconds are added up to here.
@@ -75,7 +115,7 @@ class RemoteLogReaderPool:
     @property
     def queue_size(self) -> int:
         """Reads waiting for a reader (RemoteLogReaderTaskQueueSize)."""
-        return len(self._pending)
+        return self._waiting
 
     @property
     def active(self) -> int:
@@ -100,16 +140,34 @@ class RemoteLogReaderPool:
         context = contextvars.copy_context()
         if self._running < self.threads:
             self._launch(read, future, context)
-        elif len(self._pending) < self.max_pending_tasks:
-            self._account()
-            entry = (read, future, context)
-            self._pending.append(entry)
-            future.add_done_callback(lambda _f: self._unqueue(entry))
-        else:
+            return future
+        owner = _OWNER.get()
+        if self._waiting >= self.max_pending_tasks and not self._push_out(owner):
             raise ReaderQueueFull(
                 f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting"
             )
+        self._account()
+        entry: _Entry = (read, future, context)
+        self._pending.setdefault(owner, collections.deque()).append(entry)
+        self._waiting += 1
+        future.add_done_callback(lambda _f: self._unqueue(owner, entry))
         return future
+
+    def _push_out(self, owner: ReadOwner | None) -> bool:
+        """The queue is full: refuse the newest read of the owner with the most waiting
+        (a stalled owner's first), if it has more than `owner`; whether one was refused."""
+        mine = len(self._pending.get(owner, ()))
+        hog = max(self._pending, key=lambda o: (_stalled(o), len(self._pending[o])))
+        if hog is owner or not (len(self._pending[hog]) > mine or _stalled(hog) and not _stalled(owner)):
+            return False
+        entry = self._pending[hog][-1]
+        self._remove(hog, entry)
+        future = entry[1]
+        if not future.done():
+            future.set_result(ReadOutcome(error=ReaderQueueFull(
+                f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting; "
+                "this read gave its place to a connection with fewer")))
+        return True
 
     async def read(self, read: Callable[[], Awaitable[T]], *, timeout: float | None, topic: str = "") -> ReadOutcome[T]:
         """Submit and wait at most `timeout` seconds (remote.fetch.max.wait.ms); never raises for the read.
@@ -153,7 +211,11 @@ class RemoteLogReaderPool:
         finally:
             if timer is not None:
                 timer.cancel()
-        self._observe("ok" if outcome.error is None else "error", submitted)
+        if isinstance(outcome.error, ReaderQueueFull):  # its place went to a connection with fewer
+            self.metrics.read_error(topic, Cause.QUEUE_FULL)
+            self._observe("queue_full", submitted)
+        else:
+            self._observe("ok" if outcome.error is None else "error", submitted)
         return outcome
 
     def _observe(self, outcome: str, submitted: float) -> None:
@@ -165,9 +227,10 @@ class RemoteLogReaderPool:
         self._account()
         if self._ticker is not None:
             self._ticker.cancel()
-        while self._pending:
-            _, future, _ = self._pending.popleft()
-            future.cancel()
+        pending, self._pending, self._waiting = self._pending, {}, 0
+        for entries in pending.values():
+            for _, future, _ in entries:
+                future.cancel()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -206,28 +269,45 @@ class RemoteLogReaderPool:
 
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
+            owner = self._next_owner()
+            entries = self._pending.pop(owner)
             self._account()
-            read, future, context = self._pending.popleft()
+            read, future, context = entries.popleft()
+            self._waiting -= 1
+            if entries:
+                self._pending[owner] = entries  # its next read waits for its next turn
             if not future.done():
                 self._launch(read, future, context)
+
+    def _next_owner(self) -> ReadOwner | None:
+        """The first owner in turn that is not stalled; all stalled, the first."""
+        for owner in self._pending:
+            if not _stalled(owner):
+                return owner
+        return next(iter(self._pending))
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""
         future.cancel()
-        for entry in self._pending:
-            if entry[1] is future:
-                self._account()
-                self._pending.remove(entry)
-                return
+        for owner, entries in self._pending.items():
+            for entry in entries:
+                if entry[1] is future:
+                    self._remove(owner, entry)
+                    return
 
-    def _unqueue(self, entry: tuple[Callable[[], Awaitable[object]], asyncio.Future[ReadOutcome],
-                                    contextvars.Context]) -> None:
+    def _unqueue(self, owner: ReadOwner | None, entry: _Entry) -> None:
         # A waiting read given up by its fetch frees its place in the queue at once.
+        entries = self._pending.get(owner)
+        if entries is not None and entry in entries:
+            self._remove(owner, entry)
+
+    def _remove(self, owner: ReadOwner | None, entry: _Entry) -> None:
         self._account()
-        try:
-            self._pending.remove(entry)
-        except ValueError:
-            pass  # already started
+        entries = self._pending[owner]
+        entries.remove(entry)
+        self._waiting -= 1
+        if not entries:
+            del self._pending[owner]
 
     def _account(self) -> None:
         """Add the reader- and read-seconds since the last call to the busy and queue
@@ -236,8 +316,8 @@ class RemoteLogReaderPool:
         elapsed, self._accounted = now - self._accounted, now
         if self._running:
             self.metrics.reader_busy_seconds.inc(self._running * elapsed)
-        if self._pending:
-            self.metrics.reader_queue_seconds.inc(len(self._pending) * elapsed)
+        if self._waiting:
+            self.metrics.reader_queue_seconds.inc(self._waiting * elapsed)
 
     def _tick(self) -> None:
         self._account()

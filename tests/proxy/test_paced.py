@@ -11,7 +11,14 @@ import pytest
 import uvloop
 
 from tierproxy.proxy import paced
-from tierproxy.proxy.paced import MIN_PIECE, PacedWriter, give_back_stalled, socket_room
+from tierproxy.proxy.paced import (
+    MIN_PIECE,
+    STALLED_AFTER_S,
+    PacedWriter,
+    copied_for_stalled,
+    give_back_stalled,
+    socket_room,
+)
 
 
 class Leases:
@@ -243,7 +250,7 @@ def test_a_real_transport_sends_everything_in_order_to_a_slow_reader(run: Any) -
 @pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) -> None:
     """A reader that stops: the writer stalls, and give_back_stalled has it copy the chunk
-    slices it queues and give every lease back (the transport holds a copy, never a view
+    slices it queues and give every lease back, once it has been paused for STALLED_AFTER_S (the transport holds a copy, never a view
     of a chunk); when the reader reads again every byte arrives, in order."""
     chunk = mmap.mmap(-1, 4 << 20)
     chunk[:] = bytes(range(256)) * (len(chunk) // 256)
@@ -267,7 +274,13 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
                 break
             await asyncio.sleep(0.005)
         stalled = (first.released, second.released) == (0, 0)
+        # Paused only just: its client may be reading, its views stay.
+        copied_at_once = give_back_stalled()
+        await asyncio.sleep(STALLED_AFTER_S)
+        assert sink.writer.stalled
+        before = copied_for_stalled()
         copied = give_back_stalled()
+        assert copied_for_stalled() - before == copied  # what tierproxy_stalled_chunk_bytes_copied counts
         released = first.released + second.released
         chunk[:] = b"\xff" * len(chunk)  # the chunk's buffer reused: nothing queued may view it
         raw.setblocking(False)
@@ -285,7 +298,7 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
         raw.close()
         sink.transport.close()
         server.close()
-        return bytes(received), copied, released, stalled
+        return bytes(received), copied, released, stalled and not copied_at_once
 
     original = bytes(range(256)) * (len(chunk) // 256)
     received, copied, released, stalled = run(main())

@@ -57,6 +57,11 @@ def _held(proxy: ProxyThread) -> tuple[int, int]:
     return proxy.call(lambda: (cache._held_by_responses(), cache.total_bytes))
 
 
+def _metric(proxy: ProxyThread, name: str) -> float:
+    assert proxy.server is not None
+    return proxy.server.services.metrics.value(name)
+
+
 async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are_served(proxy, tiered):
     remote_end = tiered.boundary[0]
     # Fetches of consecutive stretches of the remote part, sent at once, never read.
@@ -100,7 +105,12 @@ async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are
         # One demand load in flight per connection may pass the bound by its chunk.
         assert peaks and all(held <= BOUND and total <= BOUND + 2 * CHUNK for held, total in peaks), peaks
         assert _held(proxy)[0] > 0  # the stuck client still holds its responses' chunks
+        # The metrics say what it costs: the chunk bytes it holds.
+        await wait_until(lambda: _metric(proxy, "tierproxy_stalled_chunk_bytes") > 0, 10,
+                         "the stalled client's chunk bytes are in the metrics")
+        assert _metric(proxy, "tierproxy_stalled_chunk_bytes") <= BOUND + CHUNK
     finally:
         stuck.close()
     # Its connection closed: every lease went back.
     await wait_until(lambda: _held(proxy)[0] == 0, 30, "its leases went back")
+    await wait_until(lambda: _metric(proxy, "tierproxy_stalled_chunk_bytes") == 0, 10, "no stalled client holds chunks")

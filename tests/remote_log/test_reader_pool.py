@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tierproxy.config import parse
-from tierproxy.remote_log.reader_pool import ACCOUNT_INTERVAL_S, ReaderQueueFull, ReadOutcome, RemoteLogReaderPool
+from tierproxy.remote_log.reader_pool import (
+    ACCOUNT_INTERVAL_S,
+    ReaderQueueFull,
+    ReadOutcome,
+    RemoteLogReaderPool,
+    owner_reads_ahead,
+    read_owner,
+)
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.engine import RemoteReadEngine
 from tierproxy.storage.errors import RemoteStorageError
@@ -100,6 +108,118 @@ async def test_a_full_queue_is_an_immediate_error_not_a_wait() -> None:
     gate.release.set()
     await asyncio.gather(*accepted)
     assert gate.started == 5
+    await pool.close()
+
+
+class Owner:
+    """A connection that reads are for: `stalled` while its client reads nothing."""
+
+    def __init__(self, name: str, stalled: bool = False) -> None:
+        self.name = name
+        self.stalled = stalled
+
+
+def submit_for(pool: RemoteLogReaderPool, owner: Owner, read):  # type: ignore[no-untyped-def]
+    """`pool.submit(read)` in a context whose reads are `owner`'s."""
+    context = contextvars.copy_context()
+
+    def submit():  # type: ignore[no-untyped-def]
+        read_owner(owner)
+        return pool.submit(read)
+
+    return context.run(submit)
+
+
+class Order:
+    """Reads that record the order they start in, then wait for one release."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.release = asyncio.Event()
+
+    def read(self, label: str):  # type: ignore[no-untyped-def]
+        async def read() -> str:
+            self.started.append(label)
+            await self.release.wait()
+            return label
+        return read
+
+
+async def run_one_at_a_time(pool: RemoteLogReaderPool, order: Order, futures: list) -> None:  # type: ignore[type-arg]
+    """Let the reads finish one by one, each freeing the one reader for the next in turn."""
+    deadline = time.monotonic() + 10
+    while not all(f.done() for f in futures):
+        assert time.monotonic() < deadline, "reads left waiting"
+        order.release.set()
+        await asyncio.sleep(0)
+        order.release.clear()
+        await asyncio.sleep(0.001)
+
+
+async def test_waiting_reads_take_turns_by_owner_not_by_arrival() -> None:
+    """Fifty pipelining connections get one turn each, as the one honest consumer does:
+    its reads do not wait behind all of theirs."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=100)
+    order = Order()
+    hogs = [Owner(f"hog{i}") for i in range(3)]
+    honest = Owner("honest")
+    futures = [submit_for(pool, hogs[0], order.read("running"))]
+    for hog in hogs:  # each queues four reads (a Fetch of four partitions) before the consumer
+        futures += [submit_for(pool, hog, order.read(f"{hog.name}-{p}")) for p in range(4)]
+    futures += [submit_for(pool, honest, order.read(f"honest-{p}")) for p in range(4)]
+    await run_one_at_a_time(pool, order, futures)
+    started = order.started[1:]
+    # Round robin over the owners in the order they first queued: hog0, hog1, hog2, honest.
+    assert started[:8] == ["hog0-0", "hog1-0", "hog2-0", "honest-0", "hog0-1", "hog1-1", "hog2-1", "honest-1"]
+    assert sorted(started) == sorted(f"{o.name}-{p}" for o in [*hogs, honest] for p in range(4))
+    await pool.close()
+
+
+async def test_a_stalled_owners_reads_wait_behind_every_other_owners() -> None:
+    """A connection whose client does not read its responses gets a reader only when no
+    other connection waits for one."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=100)
+    order = Order()
+    stuck, reader = Owner("stuck", stalled=True), Owner("reader")
+    futures = [submit_for(pool, reader, order.read("running"))]
+    futures += [submit_for(pool, stuck, order.read(f"stuck-{p}")) for p in range(3)]
+    futures += [submit_for(pool, reader, order.read(f"reader-{p}")) for p in range(3)]
+    await run_one_at_a_time(pool, order, futures)
+    assert order.started[1:] == ["reader-0", "reader-1", "reader-2", "stuck-0", "stuck-1", "stuck-2"]
+    await pool.close()
+
+
+async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiting() -> None:
+    """The bound holds, but the connection that queued most gives up its place, not the
+    one arriving with fewer: its read gets ReaderQueueFull as its outcome."""
+    metrics = RemoteMetrics()
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=4, metrics=metrics)
+    order = Order()
+    hog, honest = Owner("hog"), Owner("honest")
+    running = submit_for(pool, hog, order.read("running"))
+    queued = [submit_for(pool, hog, order.read(f"hog-{p}")) for p in range(4)]
+    mine = submit_for(pool, honest, order.read("honest-0"))
+    assert pool.queue_size == 4
+    pushed_out = await asyncio.wait_for(queued[-1], 1)
+    assert isinstance(pushed_out.error, ReaderQueueFull) and pushed_out.error.retriable
+    # An owner never pushes out its own reads, nor those of an owner with no more than it.
+    with pytest.raises(ReaderQueueFull):
+        submit_for(pool, hog, order.read("hog-4"))
+    await run_one_at_a_time(pool, order, [running, *queued[:-1], mine])
+    assert order.started[1:3] == ["hog-0", "honest-0"]
+    await pool.close()
+
+
+async def test_a_stalled_owners_reads_read_nothing_ahead() -> None:
+    """The reader asks `owner_reads_ahead` whether to prefetch: not for a stalled owner."""
+    pool = RemoteLogReaderPool(threads=2, max_pending_tasks=4)
+
+    async def ask() -> bool:
+        return owner_reads_ahead()
+
+    answers = [await submit_for(pool, owner, ask) for owner in (Owner("reads"), Owner("stuck", stalled=True))]
+    assert [a.value for a in answers] == [True, False]
+    assert await pool.submit(ask) == ReadOutcome(value=True)  # no owner: not a client's read
     await pool.close()
 
 

@@ -1,0 +1,374 @@
+"""Honest consumers beside hostile clients: the share of their throughput they keep.
+
+One run starts a real broker (SASL/PLAIN, as `adversarial.py`), produces `--mb` MB over 4
+partitions, tiers all of it to local files and trims the broker's log. Then, for each
+`--workers` setting, it starts `tierproxy serve` and lets `--honest` consumers
+(confluent-kafka, each replaying the whole topic again and again, checking that every
+partition's offsets come in order, none lost, none twice) read through it in phases of
+`--phase` seconds, alternately alone and beside hostile clients:
+
+- `--pipeliners` connections that keep sending Fetch requests for remote offsets and
+  never read a response;
+- `--slow` connections that read their Fetch responses at `--slow-kbps` KB/s;
+- `--resetters` connections that send a Fetch, read a little of the response and reset
+  the connection, in a loop.
+
+The phases interleave (alone, hostile, alone, ..., alone), so the machine's noise falls
+on both; each hostile phase is also set against the two alone phases around it. It prints, per worker setting, the honest records/s alone and beside the hostile
+clients, their ratio, the remote reads that ran out of `remote.fetch.max.wait.ms`, the
+longest time an honest consumer went without a record during the hostile phases, and the
+chunk bytes held by and copied for stalled connections (the proxy's metrics). Partition
+errors the honest consumers saw (they retry them) are counted apart. Exit status 0 only if no
+record was wrong, lost or duplicated. `--profile` samples the proxy with py-spy during the
+first hostile phase and prints the top functions.
+
+    .venv/bin/python benchmarks/fairness.py --workers 1 2
+
+Everything it starts is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import random
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adversarial import PARTITIONS, PASSWORD, Proxy  # noqa: E402  beside this script
+from backfill import _free_port, proxy_counters, proxy_process, tier_everything, trim_to_end  # noqa: E402
+from benchmark_data import produce  # noqa: E402
+import profiling  # noqa: E402
+
+MIB = 1 << 20
+LIMITS = {
+    "remote.log.chunk.size.bytes": MIB,
+    "remote.log.chunk.cache.size.bytes": 32 * MIB,
+    "remote.log.reader.threads": 4,
+    "remote.fetch.max.bytes": 4 * MIB,
+    "max.pending.response.bytes.per.connection": MIB,
+}
+COUNTERS = {
+    "tierproxy_remote_fetch_expired_total": "expired",
+    "tierproxy_remote_read_seconds_count": "reads",
+    "tierproxy_stalled_chunk_bytes_copied_total": "copied",
+    "tierproxy_stalled_chunk_bytes": "held",
+}
+
+
+# --- the hostile clients -----------------------------------------------------------------
+
+
+def fetch_frame(topic: str, offsets: list[int], correlation_id: int) -> bytes:
+    """A Fetch of every partition at `offsets` (remote ones), 4 MiB per partition."""
+    from tierproxy.protocol.codecs import encode_request
+    from tierproxy.protocol.requests import fetch_request
+    from testbed.raw import frame
+
+    request = fetch_request(topic, 0, 0, 4 * MIB, max_wait_ms=500)
+    topics = request.topics[0]
+    first = topics.partitions[0]
+    partitions = tuple(dataclasses.replace(first, partition=type(first.partition)(p),
+                                           fetch_offset=type(first.fetch_offset)(offset))
+                       for p, offset in enumerate(offsets))
+    request = dataclasses.replace(request, max_bytes=type(request.max_bytes)(50 * MIB),
+                                  topics=(dataclasses.replace(topics, partitions=partitions),))
+    return frame(encode_request(request, correlation_id, "hostile"))
+
+
+def random_offsets(rng: random.Random, per_partition: int) -> list[int]:
+    return [rng.randrange(per_partition) for _ in range(PARTITIONS)]
+
+
+async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random) -> None:
+    """Sends Fetch requests for remote offsets and never reads a response."""
+    _, writer = await proxy.login()
+    correlation_id = 10
+    try:
+        while not stop.is_set():
+            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
+            correlation_id += 1
+            try:
+                await asyncio.wait_for(writer.drain(), 0.5)
+            except TimeoutError:
+                await asyncio.sleep(0.2)  # the proxy stopped reading us: keep the pressure on
+    finally:
+        writer.transport.abort()
+
+
+async def read_response(reader: asyncio.StreamReader, rate: float | None, most: int | None = None) -> None:
+    """One response frame, at `rate` bytes/s (None: at once); only `most` bytes of it if given."""
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    left = size if most is None else min(size, most)
+    piece = 4096
+    while left > 0:
+        n = min(piece, left)
+        await reader.readexactly(n)
+        left -= n
+        if rate is not None:
+            await asyncio.sleep(n / rate)
+
+
+async def slow_reader(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
+                      rate: float) -> None:
+    """Reads its Fetch responses at `rate` bytes/s, one Fetch at a time."""
+    reader, writer = await proxy.login()
+    correlation_id = 10
+    try:
+        while not stop.is_set():
+            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
+            correlation_id += 1
+            await read_response(reader, rate)
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.transport.abort()
+
+
+async def resetter(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random) -> int:
+    """Sends a Fetch, reads 64 KiB of the response, resets the connection; in a loop."""
+    resets = 0
+    while not stop.is_set():
+        reader, writer = await proxy.login()
+        try:
+            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), 10))
+            await read_response(reader, None, 64 * 1024)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()  # a reset: RST, not FIN
+            resets += 1
+    return resets
+
+
+async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
+                  rng: random.Random) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(seconds, stop.set)
+    clients = [pipeliner(proxy, topic, per_partition, stop, rng) for _ in range(args.pipeliners)]
+    clients += [slow_reader(proxy, topic, per_partition, stop, rng, args.slow_kbps * 1000) for _ in range(args.slow)]
+    clients += [resetter(proxy, topic, per_partition, stop, rng) for _ in range(args.resetters)]
+    tasks = [asyncio.create_task(client) for client in clients]
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- the honest consumers ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Honest:
+    """What the honest consumers read, as they read it."""
+
+    records: int = 0
+    wrong: list[str] = dataclasses.field(default_factory=list)  # out of order, lost or twice
+    errors: list[str] = dataclasses.field(default_factory=list)  # partition errors (the client retries)
+    replays: int = 0
+    last_record: list[float] = dataclasses.field(default_factory=list)  # per consumer
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+def honest_consumer(index: int, bootstrap: str, topic: str, per_partition: dict[int, int], state: Honest,
+                    stop: threading.Event) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fairness-{index}",
+                         "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                         "sasl.username": "admin", "sasl.password": PASSWORD, "enable.auto.commit": False})
+    try:
+        while not stop.is_set():
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+            following = dict.fromkeys(per_partition, 0)  # the offset each partition must give next
+            while not stop.is_set() and any(following[p] < per_partition[p] for p in following):
+                messages = consumer.consume(1000, timeout=0.5)
+                for message in messages:
+                    if message.error() is not None:
+                        with state.lock:
+                            state.errors.append(str(message.error()))
+                        continue
+                    p, offset = message.partition(), message.offset()
+                    if offset != following[p]:
+                        with state.lock:
+                            state.wrong.append(f"consumer {index} partition {p}: offset {offset}, "
+                                               f"expected {following[p]}")
+                    following[p] = offset + 1
+                if messages:
+                    with state.lock:
+                        state.records += len(messages)
+                        state.last_record[index] = time.monotonic()
+            if not stop.is_set():
+                with state.lock:
+                    state.replays += 1
+    finally:
+        consumer.close()
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def gap_watch(state: Honest, stop: threading.Event, hostile_on: threading.Event, worst: list[float]) -> None:
+    """The longest an honest consumer went without a record while the hostile clients ran."""
+    while not stop.wait(0.2):
+        if hostile_on.is_set():
+            now = time.monotonic()
+            with state.lock:
+                worst[0] = max(worst[0], max(now - t for t in state.last_record))
+
+
+def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str, per_partition: dict[int, int],
+                args: argparse.Namespace) -> dict:
+    metrics_port = _free_port()
+    serving = {**properties, "proxy.workers": str(workers), "proxy.bootstrap.port": str(_free_port()),
+               "proxy.broker.port.base": str(_free_port()), "metrics.port": str(metrics_port)}
+    alone: list[float] = []
+    beside: list[float] = []
+    with proxy_process(serving, tmp / f"proxy-{workers}") as proxy_info:
+        host, port = proxy_info["bootstrap"].rsplit(":", 1)
+        proxy = Proxy(host, int(port))
+        state = Honest(last_record=[time.monotonic()] * args.honest)
+        stop = threading.Event()
+        hostile_on = threading.Event()
+        worst = [0.0]
+        threads = [threading.Thread(target=honest_consumer, args=(i, proxy_info["bootstrap"], topic, per_partition,
+                                                                  state, stop)) for i in range(args.honest)]
+        threads.append(threading.Thread(target=gap_watch, args=(state, stop, hostile_on, worst)))
+        for thread in threads:
+            thread.start()
+        rng = random.Random(args.seed)
+        time.sleep(args.warmup)
+        before = proxy_counters(metrics_port, COUNTERS)
+        held_peak = 0.0
+        try:
+            for phase in range(2 * args.rounds + 1):  # alone first and last: every hostile phase between two
+                with_hostile = phase % 2 == 1
+                with state.lock:
+                    records, started = state.records, time.monotonic()
+                    state.last_record = [started] * args.honest
+                if with_hostile:
+                    hostile_on.set()
+                    peak: list[float] = [0.0]
+                    watcher = threading.Thread(target=_held_watch, args=(metrics_port, hostile_on, peak))
+                    watcher.start()
+                    raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase == 1 else None
+                    with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
+                        asyncio.run(hostile(proxy, topic, max(per_partition.values()), args.phase, args, rng))
+                    if raw:
+                        print(profiling.format_summary(*profiling.summarize(raw), top=15), flush=True)
+                    hostile_on.clear()
+                    watcher.join()
+                    held_peak = max(held_peak, peak[0])
+                else:
+                    time.sleep(args.phase)
+                with state.lock:
+                    rate = (state.records - records) / (time.monotonic() - started)
+                (beside if with_hostile else alone).append(rate)
+                print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
+                      f"{rate:,.0f} records/s", flush=True)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(120)
+        after = proxy_counters(metrics_port, COUNTERS)
+    return {"alone": alone, "beside": beside, "wrong": state.wrong, "errors": state.errors,
+            "replays": state.replays,
+            "expired": after["expired"] - before["expired"], "reads": after["reads"] - before["reads"],
+            "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0]}
+
+
+def _held_watch(metrics_port: int, on: threading.Event, peak: list[float]) -> None:
+    """The peak of the chunk bytes stalled connections hold, sampled while `on` is set."""
+    while on.is_set():
+        with contextlib.suppress(OSError):
+            peak[0] = max(peak[0], proxy_counters(metrics_port, {"tierproxy_stalled_chunk_bytes": "held"})["held"])
+        time.sleep(0.5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=64, help="MB of records tiered (default 64)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="proxy.workers settings to run")
+    parser.add_argument("--honest", type=int, default=8, help="honest consumers")
+    parser.add_argument("--pipeliners", type=int, default=50, help="connections that pipeline and never read")
+    parser.add_argument("--slow", type=int, default=8, help="connections reading at --slow-kbps")
+    parser.add_argument("--slow-kbps", type=float, default=10)
+    parser.add_argument("--resetters", type=int, default=4, help="connections resetting mid-response")
+    parser.add_argument("--phase", type=float, default=15, help="seconds per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="(alone, hostile) pairs per setting")
+    parser.add_argument("--warmup", type=float, default=5)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--profile", action="store_true", help="py-spy the proxy in the first hostile phase")
+    args = parser.parse_args()
+
+    from testbed.kafka import KafkaCluster
+
+    results: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="tierproxy-fairness-") as tmp_dir, \
+            KafkaCluster(1, sasl_plain_users={"admin": PASSWORD}) as kafka:
+        tmp = Path(tmp_dir)
+        internal = f"127.0.0.1:{kafka.listener_ports[0]['INTERNAL']}"
+        topic = "fairness"
+        kafka.create_topic(topic, partitions=PARTITIONS)
+        produce(internal, topic, PARTITIONS, args.mb)
+        properties = {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": "admin", "sasl.password": PASSWORD,
+            "proxy.listener.host": "127.0.0.1",
+            "remote.log.storage.backend": "local", "remote.log.storage.local.dir": str(tmp / "remote"),
+            "remote.log.metadata.backend": "file", "remote.log.metadata.dir": str(tmp / "metadata"),
+            f"topic.{topic}.remote.storage.enable": "true",
+            f"topic.{topic}.segment.bytes": str(8 * MIB), f"topic.{topic}.segment.ms": "1",
+            **{key: str(value) for key, value in LIMITS.items()},
+        }
+        copied = asyncio.run(tier_everything(properties | {"proxy.bootstrap.port": "0",
+                                                            "proxy.broker.port.base": "0", "metrics.port": "0"}))
+        ends = asyncio.run(trim_to_end(internal, topic))
+        per_partition = {p: ends[p] for p in range(PARTITIONS)}
+        print(f"{sum(ends.values())} records, {copied / MIB:.0f} MiB remote; chunk cache "
+              f"{LIMITS['remote.log.chunk.cache.size.bytes'] // MIB} MiB", flush=True)
+        for workers in args.workers:
+            results[workers] = run_setting(properties, tmp, workers, topic, per_partition, args)
+
+    print(f"\n# fairness run {datetime.date.today()}: {args.mb} MB remote, {args.honest} honest consumers; "
+          f"hostile: {args.pipeliners} pipelining non-readers, {args.slow} at {args.slow_kbps:g} KB/s, "
+          f"{args.resetters} resetting; {args.rounds} x ({args.phase:g} s alone, {args.phase:g} s hostile)\n")
+    print("| workers | honest records/s alone | beside hostile | ratio | per round | longest honest gap (hostile) "
+          "| remote reads (expired) | honest partition errors | stalled chunk bytes held, peak "
+          "| copied for stalled |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for workers, r in results.items():
+        alone = sum(r["alone"]) / len(r["alone"])
+        beside = sum(r["beside"]) / len(r["beside"])
+        # Each hostile phase against the two alone phases around it: the machine's own noise
+        # (it is shared) moves them together; the median of these is the figure to quote.
+        rounds = [b / ((r["alone"][i] + r["alone"][i + 1]) / 2) for i, b in enumerate(r["beside"])]
+        per_round = ", ".join(f"{x:.2f}" for x in rounds)
+        print(f"| {workers} | {alone:,.0f} | {beside:,.0f} | {beside / alone:.2f} (median {statistics.median(rounds):.2f}) "
+              f"| {per_round} | {r['gap']:.1f} s "
+              f"| {r['reads']:,.0f} ({r['expired']:,.0f}) | {len(r['errors'])} | {r['held_peak'] / MIB:.1f} MiB "
+              f"| {r['copied'] / MIB:.1f} MiB |")
+        if r["wrong"]:
+            ok = False
+            print(f"  {workers} worker(s): WRONG records: {r['wrong'][:5]}")
+        if r["errors"]:
+            print(f"  {workers} worker(s), honest consumers' errors (retried): {sorted(set(r['errors']))[:3]}")
+    replays = ", ".join(f"{w} worker(s) {r['replays']}" for w, r in results.items())
+    print(f"\nreplays completed: {replays}; records wrong, lost or duplicated: {'none' if ok else 'SOME'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
