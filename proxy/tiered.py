@@ -28,6 +28,7 @@ from tierproxy.remote_log.failures import Cause, cause_of
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.throttled_log import ThrottledLog
 
+from .fetch_turns import FetchTurns
 from .paced import give_back_stalled
 
 log = logging.getLogger("tierproxy.tiered")
@@ -59,6 +60,10 @@ class RemoteTier:
         # KIP-956: remote.log.manager.fetch.max.bytes.per.second, this process's share of it
         # (proxy.workers divides it as it divides the other bounds).
         self.fetch_quota = RateQuota(fetch_quota_settings(config))
+        self.fetch_turns = FetchTurns(self.fetch_quota)
+        # Bytes count against it as the store reads them, read-ahead and runs of chunks too.
+        self.engine.chunk_cache.on_store_read = self.fetch_quota.record
+        self.engine.chunk_cache.read_ahead_fits = self.fetch_quota.allows
         self._refresher: asyncio.Task | None = None
         # A consumer retrying a failing read meets the same error again and again.
         self._failures_log = ThrottledLog(log)
