@@ -7,7 +7,8 @@ one read above the quota at most; a read there is about a fetch's bytes. The pro
 whole chunks (up to `remote.log.chunk.size.bytes`, 4 MiB by default), so a turn goes when
 the quota has room for the chunks it may read (`turn_bytes`), set aside until its reads are
 done: the rate then stays within the quota, not a chunk above it per turn. Room for at most
-a tenth of the quota's window is asked: a turn that may read more goes with that room, so
+a tenth of the quota's window (and one sample's worth, all there is after an idle spell) is
+asked: a turn that may read more goes with that room, so
 the rate passes the quota by at most its reads beyond that tenth, and turns that need room
 never leave more than a tenth of the quota unused.
 
@@ -47,14 +48,15 @@ class FetchTurns:
     def turn_bytes(self, partition_max_bytes: Sequence[int], budget: int, chunk_size: int) -> int:
         """What a turn may read from the store: each partition's share of `budget` in whole
         chunks, in all at most the budget in whole chunks; room for at most a tenth of the
-        quota's window is asked (see above)."""
+        quota's window, and one sample's worth, is asked (see above)."""
 
         def chunks(nbytes: int) -> int:
             return -(-max(nbytes, 1) // chunk_size) * chunk_size
 
         wanted = min(sum(chunks(min(size, budget)) for size in partition_max_bytes), chunks(budget))
         settings = self.quota.settings
-        return min(wanted, settings.bytes_per_second * settings.window_num * settings.window_size_s // 10)
+        sample = settings.bytes_per_second * settings.window_size_s  # all that fits after an idle spell
+        return min(wanted, sample, sample * settings.window_num // 10)
 
     def waiting(self) -> int:
         """Connections in line."""

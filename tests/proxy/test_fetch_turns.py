@@ -55,5 +55,9 @@ def test_what_a_turn_may_read_is_whole_chunks_within_a_tenth_of_the_quota_window
     turns = FetchTurns(RateQuota(QuotaSettings(quota, 2, 1)))
     assert turns.turn_bytes([1000, 1500], budget=100_000, chunk_size=1024) == 1024 + 2048
     assert turns.turn_bytes([1000, 1500], budget=1200, chunk_size=1024) == 2048  # the budget in chunks
-    # Room for at most a tenth of the quota's window (2 s) is asked.
+    # Room for at most a tenth of the quota's window (2 s) is asked,
     assert turns.turn_bytes([1 << 20], budget=50 << 20, chunk_size=4 << 20) == quota * 2 // 10
+    # and at most one sample's worth: all the room there is after an idle spell.
+    turns = FetchTurns(RateQuota(QuotaSettings(quota, 11, 1)))
+    assert turns.turn_bytes([1 << 20], budget=50 << 20, chunk_size=4 << 20) == quota
+    assert turns.try_turn("after an idle spell", quota)
