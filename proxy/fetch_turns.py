@@ -8,9 +8,9 @@ whole chunks (up to `remote.log.chunk.size.bytes`, 4 MiB by default), so a turn 
 the quota has room for the chunks it may read (`turn_bytes`), set aside until its reads are
 done: the rate then stays within the quota, not a chunk above it per turn. Room for at most
 a tenth of the quota's window (and one sample's worth, all there is after an idle spell) is
-asked: a turn that may read more goes with that room, so
-the rate passes the quota by at most its reads beyond that tenth, and turns that need room
-never leave more than a tenth of the quota unused.
+asked: a turn that may read more goes with that room, so the rate passes the quota by at
+most its reads beyond that tenth, and turns waiting for room leave at most a tenth of the
+quota unused.
 
 Kafka answers a partition over the quota with empty records, and whichever fetch comes
 first once the rate falls back reads: with many consumers, one can be passed over window
