@@ -20,24 +20,41 @@ connection is between Fetches: it holds back those behind it for at most `grace_
 quota sample, `window.size.seconds`), and is given up after a whole quota window
 (`window.num` x `window.size.seconds`) away. With nobody in line, whoever asks reads as
 soon as the quota has room.
+
+With several workers (proxy/workers.py) the quota's rate and the line are shared
+(storage/shared_quota.py): a connection held back takes a ticket from one counter of all
+the workers, and goes only when no connection with an earlier ticket, in any worker, holds
+it back. Another worker cannot wake a connection in line, so it looks again every
+`SHARED_LOOK_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from tierproxy.storage.quota import RateQuota
+from tierproxy.storage.shared_quota import SharedQuotaFile
 
 __all__ = ("FetchTurns",)
 
 
 class FetchTurns:
-    def __init__(self, quota: RateQuota, *, clock: Callable[[], float] = time.monotonic) -> None:
+    #: how often a connection in line looks again when the line is shared with other workers,
+    #: which cannot wake it
+    SHARED_LOOK_S = 0.05
+
+    def __init__(self, quota: RateQuota, *, clock: Callable[[], float] = time.monotonic,
+                 shared: SharedQuotaFile | None = None) -> None:
         self.quota = quota
         self.clock = clock
+        #: the line of all the workers (with the quota's rate): tickets say who came first
+        self.shared = shared
+        self._tickets: dict[Hashable, int] = {}
         self.grace_s = float(quota.settings.window_size_s)
         self.forget_s = float(quota.settings.window_num * quota.settings.window_size_s)
         #: connection -> since when it is away (between Fetches), None while it asks; in
@@ -72,7 +89,7 @@ class FetchTurns:
             self._went(key)
             return True
         if self._line.get(key, now) is not None:  # unless it asks in another Fetch right now
-            self._line[key] = now
+            self._join(key, now)
         return False
 
     async def turn(self, key: Hashable, nbytes: int, timeout_s: float) -> bool:
@@ -82,7 +99,7 @@ class FetchTurns:
         if timeout_s <= 0:
             return False
         deadline = self.clock() + timeout_s
-        self._line[key] = None
+        self._join(key, None)
         try:
             while True:
                 now = self.clock()
@@ -92,11 +109,14 @@ class FetchTurns:
                 if now >= deadline:
                     return False
                 changed = self._changed
+                look = min(deadline, self._next_look(key, nbytes, now))
+                if self.shared is not None:
+                    look = min(look, now + self.SHARED_LOOK_S)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(deadline, self._next_look(key, nbytes, now)) - now)
+                    await asyncio.wait_for(changed.wait(), look - now)
         finally:
             if key in self._line:
-                self._line[key] = self.clock()
+                self._join(key, self.clock())
                 self._notify()
 
     @contextlib.contextmanager
@@ -118,10 +138,11 @@ class FetchTurns:
             return False
         for ahead, away_since in self._line.items():
             if ahead == key:
-                return True
+                break
             if away_since is None or now - away_since < self.grace_s:
                 return False  # asking, or just between two Fetches: its turn first
-        return True
+        # and the same in the other workers' lines, for whoever came before it
+        return self.shared is None or not self.shared.ahead_elsewhere(self._tickets.get(key, sys.maxsize), now)
 
     def _next_look(self, key: Hashable, nbytes: int, now: float) -> float:
         """When the quota or the line may let `key` go, unless someone ahead goes first."""
@@ -135,15 +156,34 @@ class FetchTurns:
                 graces.append(away_since + self.grace_s)
         return min(graces, default=float("inf"))
 
+    def _join(self, key: Hashable, away_since: float | None) -> None:
+        """`key` in line, asking (None) or away since then; a newcomer takes the next ticket."""
+        if key not in self._line:
+            self._tickets[key] = self.shared.next_ticket() if self.shared is not None else 0
+        self._line[key] = away_since
+        self._publish()
+
     def _went(self, key: Hashable) -> None:
-        self._line.pop(key, None)
+        if key in self._line:
+            del self._line[key], self._tickets[key]
+            self._publish()
         self._notify()
+
+    def _publish(self) -> None:
+        """This worker's line, as the other workers see it: each ticket, and until when it
+        holds back those behind it."""
+        if self.shared is not None:
+            self.shared.set_line([(self._tickets[key], math.inf if away_since is None else away_since + self.grace_s)
+                                  for key, away_since in self._line.items()])
 
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
     def _forget(self, now: float) -> None:
-        for key, away_since in list(self._line.items()):
-            if away_since is not None and now - away_since >= self.forget_s:
-                del self._line[key]
+        gone = [key for key, away_since in self._line.items()
+                if away_since is not None and now - away_since >= self.forget_s]
+        for key in gone:
+            del self._line[key], self._tickets[key]
+        if gone:
+            self._publish()

@@ -92,6 +92,9 @@ class SampledRate:
         self._purge(now)
         return (sum(self._values) + extra) / self.window_size(now)
 
+    def set_reserved(self, nbytes: float) -> None:
+        """This process's bytes set aside; only a rate shared with other processes keeps them."""
+
 
 @dataclass(frozen=True, slots=True)
 class QuotaSettings:
@@ -125,10 +128,12 @@ def fetch_quota_settings(config: Any) -> QuotaSettings:
 class RateQuota:
     """Kafka's `RLMQuotaManager`: a byte-rate bound, its throttle time, and waiting for it."""
 
-    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic,
+                 rate: SampledRate | None = None) -> None:
         self.settings = settings
         self.clock = clock
-        self.rate = SampledRate(settings.window_num, settings.window_size_s)
+        #: the rate of this process, or one shared with others (storage/shared_quota.py)
+        self.rate = rate if rate is not None else SampledRate(settings.window_num, settings.window_size_s)
         #: seconds each `acquire` waited, for the throttle-time metric (Kafka's
         #: remote-copy-throttle-time); only waits above zero are kept
         self.waits: list[float] = []
@@ -160,10 +165,12 @@ class RateQuota:
         """Count `nbytes` as recorded while the block runs: reads admitted and still to come.
         What they read is recorded as they read it."""
         self.reserved += nbytes
+        self.rate.set_reserved(self.reserved)
         try:
             yield
         finally:
             self.reserved -= nbytes
+            self.rate.set_reserved(self.reserved)
 
     def record(self, nbytes: int) -> None:
         if self.enabled:

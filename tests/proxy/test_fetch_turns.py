@@ -8,6 +8,7 @@ import asyncio
 
 from tierproxy.proxy.fetch_turns import FetchTurns
 from tierproxy.storage.quota import QuotaSettings, RateQuota
+from tierproxy.storage.shared_quota import SharedQuotaFile, SharedSampledRate, create
 
 QUOTA = 10_000  # bytes per second, over 2 samples of 1 s
 
@@ -61,3 +62,32 @@ def test_what_a_turn_may_read_is_whole_chunks_within_a_tenth_of_the_quota_window
     turns = FetchTurns(RateQuota(QuotaSettings(quota, 11, 1)))
     assert turns.turn_bytes([1 << 20], budget=50 << 20, chunk_size=4 << 20) == quota
     assert turns.try_turn("after an idle spell", quota)
+
+
+async def test_connections_of_different_workers_read_in_the_order_they_were_held_back(tmp_path):
+    """Workers share the quota and the line (storage/shared_quota.py): the connection held
+    back first, in whichever worker, reads first."""
+    path = str(tmp_path / "fetch-quota")
+    create(path, 2, 2)
+    workers = []
+    for index in (0, 1):
+        shared = SharedQuotaFile(path, index)
+        quota = RateQuota(QuotaSettings(QUOTA, 2, 1), rate=SharedSampledRate(shared, 1))
+        workers.append(FetchTurns(quota, shared=shared))
+    workers[1].quota.record(25_000)  # 2.5 s worth, recorded by the other worker
+    assert not workers[0].try_turn("first", 1000)
+    order: list[str] = []
+
+    async def waits(name: str, turns: FetchTurns) -> None:
+        while not await turns.turn(name, 1000, 0.5):
+            await asyncio.sleep(0.01)
+        order.append(name)
+        turns.quota.record(5_000)
+
+    waiting = []
+    for name, worker in (("a", 0), ("b", 1), ("c", 0), ("d", 1)):
+        waiting.append(asyncio.create_task(waits(name, workers[worker])))
+        await asyncio.sleep(0.02)
+    await asyncio.wait_for(asyncio.gather(*waiting), 15)
+    assert order == ["a", "b", "c", "d"]
+    assert all(turns.waiting() == 0 for turns in workers)
