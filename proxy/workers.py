@@ -5,10 +5,10 @@ listeners with SO_REUSEPORT, so the kernel spreads new client connections among 
 a connection stays with the worker that accepted it, as a channel stays with one broker
 network thread. Each worker gets its share of the whole proxy's bounds (`shares`), so
 the memory formula in docs/operations.md holds for the sum; the remote fetch quota is one
-rate that all of them share, in a file the supervisor creates (storage/shared_quota.py). The supervisor does not
-serve clients: it starts the workers, restarts one that dies, serves the Prometheus
-endpoint for all of them (prometheus-client's multiprocess mode) and, on SIGTERM or
-SIGINT, stops them and exits.
+rate that all of them share, in a file the supervisor creates (storage/shared_quota.py).
+The supervisor does not serve clients: it starts the workers, restarts one that dies,
+serves the Prometheus endpoint for all of them (prometheus-client's multiprocess mode)
+and, on SIGTERM or SIGINT, stops them and exits.
 """
 
 from __future__ import annotations
