@@ -148,6 +148,11 @@ class ChunkCache:
         #: written (stalled clients) give their chunks back; returns the bytes it copied.
         #: The proxy sets it (paced.give_back_stalled); nothing else holds chunks that long.
         self.on_full: Callable[[], int] = lambda: 0
+        #: The store's read quota (KIP-956's fetch quota; the proxy sets both): told the
+        #: bytes of every read from the store as it starts, runs and read-ahead included,
+        #: and asked before read-ahead starts whether its bytes fit (speculation yields).
+        self.on_store_read: Callable[[int], None] = lambda nbytes: None
+        self.read_ahead_fits: Callable[[int], bool] = lambda nbytes: True
         self._read_bytes = 0
         self._prefetched_bytes = 0
         self._reserved_bytes = 0
@@ -290,7 +295,10 @@ class ChunkCache:
                 continue
             if not run and self._prefetching[segment_id] >= self.max_prefetch_per_segment:
                 break
-            if not self._reserve(self.chunk_length(segment, key[1])):
+            size = self.chunk_length(segment, key[1])
+            if not self.read_ahead_fits(sum(self.chunk_length(segment, j) for j in run) + size):
+                break  # over the read quota: read-ahead yields
+            if not self._reserve(size):
                 break  # no room without dropping demand: read-ahead yields
             run.append(key[1])
             if len(run) == per_read:
@@ -305,6 +313,7 @@ class ChunkCache:
             return
         segment_id = segment.segment_id.id
         self._prefetching[segment_id] += 1
+        self.on_store_read(sum(self.chunk_length(segment, i) for i in run))
         parts: dict[int, asyncio.Future[memoryview]] = {}
         if len(run) > 1:
             loop = asyncio.get_running_loop()
@@ -377,6 +386,8 @@ class ChunkCache:
         try:
             buffer = await self._buffer()
             data = memoryview(buffer)[:size]
+            if not reserved:  # a prefetch's bytes were told when it started
+                self.on_store_read(size)
             await self.rsm.read_log_into(segment, start, data)
         except BaseException as e:
             error = self._failed(index, buffer, data, e)
@@ -394,6 +405,7 @@ class ChunkCache:
         try:
             return await part
         except _NotReached:
+            self.on_store_read(reserved)  # read again, alone
             return await self._load(segment, index, reserved=reserved)
 
     async def _load_run(self, segment: RemoteLogSegmentMetadata, run: list[int],

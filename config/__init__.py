@@ -396,9 +396,10 @@ REMOTE_LOG_MANAGER_COPY_QUOTA_WINDOW_SIZE_SECONDS = _define("remote.log.manager.
         "Time span of one sample of the copy rate.", "remote log manager", validator=Range(1))
 REMOTE_LOG_MANAGER_FETCH_MAX_BYTES_PER_SECOND = _define("remote.log.manager.fetch.max.bytes.per.second", int,
         UNLIMITED_BYTES_PER_SECOND,
-        "Bytes per second of remote records the proxy serves, all workers together (KIP-956's fetch "
-        "quota): while it is exceeded, a Fetch's remote partitions get empty records, no error, and "
-        "the others are served. The default, Long.MAX_VALUE, is no quota.",
+        "Bytes per second the proxy reads from remote storage for Fetches (read-ahead included), all "
+        "workers together (KIP-956's fetch quota): while it has no room for a Fetch's reads, the "
+        "Fetch's remote partitions get empty records, no error, and the others are served; "
+        "connections held back read in turn. The default, Long.MAX_VALUE, is no quota.",
         "remote log manager", validator=Range(1))
 REMOTE_LOG_MANAGER_FETCH_QUOTA_WINDOW_NUM = _define("remote.log.manager.fetch.quota.window.num", int, 11,
         "Samples of the remote fetch rate kept.", "remote log manager", validator=Range(1))

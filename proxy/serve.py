@@ -13,6 +13,7 @@ import signal
 
 from tierproxy.config import Config, METRICS_PORT, PROXY_LISTENER_HOST
 from tierproxy.protocol.codecs import preload
+from tierproxy.storage.shared_quota import SharedQuotaFile
 
 from .filters import FilterChains
 from .filters.addresses import BrokerAddressFilter
@@ -30,19 +31,22 @@ __all__ = ("build_filters", "serve")
 log = logging.getLogger("tierproxy")
 
 
-def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False) -> FilterChains:
+def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False,
+                  shared_fetch_quota: SharedQuotaFile | None = None) -> FilterChains:
     """The proxy's filters in chain order; requests of other APIs pass through untouched.
 
     The address filter comes first, so it is the last to see a response: Fetch's, built
     from the broker and the remote tier, reaches it like any other. Fetch and ListOffsets
     share one remote tier, started and closed with the Fetch filter; its metrics join the
-    proxy's registry. A `worker` shares the on-disk index cache with the other workers.
+    proxy's registry. A `worker` shares the on-disk index cache with the other workers, and
+    the fetch quota when it is given `shared_fetch_quota`.
     With read replica topics, Produce meets a filter that refuses writes to them, and
     OffsetForLeaderEpoch one that answers their epochs from the remote log.
     """
     from .tiered import RemoteTier
 
-    tier = RemoteTier(config, registry=metrics.registry, shared_index_dir=worker)
+    tier = RemoteTier(config, registry=metrics.registry, shared_index_dir=worker,
+                      shared_fetch_quota=shared_fetch_quota)
     replicas = ReadReplicas.of(tier)
     return FilterChains([
         BrokerAddressFilter(),
@@ -54,7 +58,8 @@ def build_filters(config: Config, metrics: ProxyMetrics, *, worker: bool = False
     ])
 
 
-async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bool = False) -> None:
+async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bool = False,
+                shared_fetch_quota: SharedQuotaFile | None = None) -> None:
     """Serve until ``stop`` is set, or until SIGTERM/SIGINT when none is given. A `worker`
     (one of several processes, see proxy.workers) opens its listeners with SO_REUSEPORT."""
     loop = asyncio.get_running_loop()
@@ -64,7 +69,8 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None, worker: bo
             loop.add_signal_handler(signum, stop.set)
     preload()  # the codecs of the intercepted APIs, before the first client needs them
     metrics = ProxyMetrics()
-    server = ProxyServer(config, build_filters(config, metrics, worker=worker), metrics, reuse_port=worker)
+    server = ProxyServer(config, build_filters(config, metrics, worker=worker, shared_fetch_quota=shared_fetch_quota),
+                         metrics, reuse_port=worker)
     # A worker tells its supervisor, whose metrics endpoint is the proxy's (proxy.workers).
     readiness = Readiness(os.environ.get("PROMETHEUS_MULTIPROC_DIR") if worker else None)
     http = None

@@ -20,6 +20,7 @@ from tierproxy.storage.factory import remote_log_metadata_manager, remote_storag
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.model import TopicIdPartition
 from tierproxy.storage.quota import RateQuota, fetch_quota_settings
+from tierproxy.storage.shared_quota import SharedQuotaFile, SharedSampledRate
 from tierproxy.storage.rsm import RemoteStorageManager
 
 from tierproxy.config import Config, TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE
@@ -28,6 +29,7 @@ from tierproxy.remote_log.failures import Cause, cause_of
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.throttled_log import ThrottledLog
 
+from .fetch_turns import FetchTurns
 from .paced import give_back_stalled
 
 log = logging.getLogger("tierproxy.tiered")
@@ -45,6 +47,7 @@ class RemoteTier:
         rlmm: RemoteLogMetadataManager | None = None,
         registry: CollectorRegistry | None = None,
         shared_index_dir: bool = False,
+        shared_fetch_quota: SharedQuotaFile | None = None,
     ) -> None:
         self.config = config
         self.rsm = rsm if rsm is not None else remote_storage_manager(config)
@@ -57,9 +60,16 @@ class RemoteTier:
         # Clients that stopped reading give their chunks back when others need the room.
         self.engine.chunk_cache.on_full = give_back_stalled
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
-        # KIP-956: remote.log.manager.fetch.max.bytes.per.second, this process's share of it
-        # (proxy.workers divides it as it divides the other bounds).
-        self.fetch_quota = RateQuota(fetch_quota_settings(config))
+        # KIP-956: remote.log.manager.fetch.max.bytes.per.second, for the whole proxy: with
+        # proxy.workers, one rate and one line of turns that all the workers share.
+        fetch_settings = fetch_quota_settings(config)
+        shared_rate = (SharedSampledRate(shared_fetch_quota, fetch_settings.window_size_s)
+                       if shared_fetch_quota is not None and fetch_settings.enabled else None)
+        self.fetch_quota = RateQuota(fetch_settings, rate=shared_rate)
+        self.fetch_turns = FetchTurns(self.fetch_quota, shared=shared_fetch_quota if shared_rate else None)
+        # Bytes count against it as the store reads them, read-ahead and runs of chunks too.
+        self.engine.chunk_cache.on_store_read = self.fetch_quota.record
+        self.engine.chunk_cache.read_ahead_fits = self.fetch_quota.allows
         self._refresher: asyncio.Task | None = None
         # A consumer retrying a failing read meets the same error again and again.
         self._failures_log = ThrottledLog(log)

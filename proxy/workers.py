@@ -4,11 +4,12 @@ Every worker is a whole proxy (`tierproxy serve --worker-index I`) that opens th
 listeners with SO_REUSEPORT, so the kernel spreads new client connections among them;
 a connection stays with the worker that accepted it, as a channel stays with one broker
 network thread. Each worker gets its share of the whole proxy's bounds (`shares`), so
-the memory formula in docs/operations.md holds for the sum. The supervisor does not
-serve clients: it starts the workers, restarts one that dies, serves the Prometheus
-endpoint for all of them (prometheus-client's multiprocess mode; `/ready` when every
-worker is, see proxy.readiness) and, on SIGTERM or
-SIGINT, stops them and exits.
+the memory formula in docs/operations.md holds for the sum; the remote fetch quota is one
+rate that all of them share, in a file the supervisor creates (storage/shared_quota.py).
+The supervisor does not serve clients: it starts the workers, restarts one that dies,
+serves the Prometheus endpoint for all of them (prometheus-client's multiprocess mode;
+`/ready` when every worker is, see proxy.readiness) and, on SIGTERM or SIGINT, stops them
+and exits.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ _DIVIDED = (
     "remote.log.reader.max.pending.tasks",
     "max.connections",
     "max.connections.per.ip",
-    "remote.log.manager.fetch.max.bytes.per.second",
 )
 
 
@@ -87,6 +87,7 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
         signal.signal(signum, stop)
 
     metrics_dir = tempfile.mkdtemp(prefix="tierproxy-metrics-")
+    quota_file = _shared_fetch_quota(config, count)
     reserved = None
     overrides = {**shares(config, count), "proxy.workers": "1", "metrics.port": "0"}
     if config[PROXY_BOOTSTRAP_PORT] == 0:
@@ -97,6 +98,7 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     command = [sys.executable, "-m", "tierproxy.cli", "serve", *config_arguments,
                *(a for k, v in overrides.items() for a in ("--override", f"{k}={v}")),
+               *(["--fetch-quota-file", quota_file] if quota_file else []),
                "--worker-of", str(os.getpid())]
     http = None
     workers: list[subprocess.Popen | None] = [None] * count
@@ -140,8 +142,24 @@ def supervise(config: Config, count: int, config_arguments: Sequence[str]) -> in
         if reserved is not None:
             reserved.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        if quota_file:
+            os.unlink(quota_file)
     log.info("stopped")
     return status
+
+
+def _shared_fetch_quota(config: Config, count: int) -> str | None:
+    """The file of the fetch quota all the workers share (None without a quota)."""
+    from tierproxy.storage.quota import fetch_quota_settings
+    from tierproxy.storage.shared_quota import create
+
+    settings = fetch_quota_settings(config)
+    if not settings.enabled:
+        return None
+    fd, path = tempfile.mkstemp(prefix="tierproxy-fetch-quota-")
+    os.close(fd)
+    create(path, settings.window_num, count)
+    return path
 
 
 def _start(command: list[str], index: int, env: dict[str, str]) -> subprocess.Popen:

@@ -97,8 +97,9 @@ class RemoteMetrics:
         self.fetch_throttle_seconds = Histogram(
             "tierproxy_remote_fetch_throttle_seconds",
             "Time a Fetch's remote partitions were held back by the fetch quota "
-            "(remote.log.manager.fetch.max.bytes.per.second; Kafka's remote-fetch-throttle-time): "
-            "each is answered with empty records, no error.", buckets=LATENCY_BUCKETS, registry=r)
+            "(remote.log.manager.fetch.max.bytes.per.second; Kafka's remote-fetch-throttle-time) "
+            "waiting for its turn: held back to the end, they are answered with empty records, no error.",
+            buckets=LATENCY_BUCKETS, registry=r)
         self.read_seconds = Histogram(
             "tierproxy_remote_read_seconds",
             "Remote reads from the fetch's submission to its answer, by outcome (ok, error, expired, queue_full).",

@@ -16,6 +16,13 @@ larger than what the quota allows in a window still goes, after its wait. As the
 counts at least one window, up to quota x window.size.seconds bytes go at once after an
 idle spell; from then on the total stays within the quota.
 
+Fetches (`RemoteLogManager`'s remote reads) check the quota before they read and record
+what they read. The proxy reads from the store in chunks and ahead of its readers, so it
+records bytes as the store reads start, chunk runs and read-ahead included, and bytes set
+aside (`reserve`) for reads admitted but not yet started count as recorded: reads admitted
+at once do not all pass the same check. Read-ahead asks `allows` first, so speculation
+never takes the rate past the quota.
+
 Here, in storage/, because the pipeline's copies and the proxy's remote reads both use it,
 as Kafka keeps it beside its remote storage code.
 """
@@ -23,8 +30,9 @@ as Kafka keeps it beside its remote storage code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,9 +87,13 @@ class SampledRate:
         oldest = min(self._starts, default=now)
         return max(now - oldest, self.window_s)
 
-    def measure(self, now: float) -> float:
+    def measure(self, now: float, extra: float = 0.0) -> float:
+        """The rate, with `extra` counted as if recorded now."""
         self._purge(now)
-        return sum(self._values) / self.window_size(now)
+        return (sum(self._values) + extra) / self.window_size(now)
+
+    def set_reserved(self, nbytes: float) -> None:
+        """This process's bytes set aside; only a rate shared with other processes keeps them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,28 +128,49 @@ def fetch_quota_settings(config: Any) -> QuotaSettings:
 class RateQuota:
     """Kafka's `RLMQuotaManager`: a byte-rate bound, its throttle time, and waiting for it."""
 
-    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic,
+                 rate: SampledRate | None = None) -> None:
         self.settings = settings
         self.clock = clock
-        self.rate = SampledRate(settings.window_num, settings.window_size_s)
+        #: the rate of this process, or one shared with others (storage/shared_quota.py)
+        self.rate = rate if rate is not None else SampledRate(settings.window_num, settings.window_size_s)
         #: seconds each `acquire` waited, for the throttle-time metric (Kafka's
         #: remote-copy-throttle-time); only waits above zero are kept
         self.waits: list[float] = []
+        #: bytes set aside for reads admitted and not done yet (`reserve`)
+        self.reserved = 0
 
     @property
     def enabled(self) -> bool:
         return self.settings.enabled
 
-    def throttle_time(self) -> float:
-        """Seconds to wait before the rate is back within the quota; 0 when it is."""
+    def throttle_time(self, nbytes: int = 0) -> float:
+        """Seconds to wait before the rate, with `nbytes` more, is within the quota; 0 when
+        it is. Reservations count as recorded. For 0 bytes, Kafka's throttle time."""
         if not self.enabled:
             return 0.0
         now = self.clock()
         bound = self.settings.bytes_per_second
-        rate = self.rate.measure(now)
+        rate = self.rate.measure(now, self.reserved + nbytes)
         if rate <= bound:
             return 0.0
         return (rate - bound) / bound * self.rate.window_size(now)
+
+    def allows(self, nbytes: int) -> bool:
+        """Whether `nbytes` more now keep the rate within the quota."""
+        return self.throttle_time(nbytes) <= 0
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Count `nbytes` as recorded while the block runs: reads admitted and still to come.
+        What they read is recorded as they read it."""
+        self.reserved += nbytes
+        self.rate.set_reserved(self.reserved)
+        try:
+            yield
+        finally:
+            self.reserved -= nbytes
+            self.rate.set_reserved(self.reserved)
 
     def record(self, nbytes: int) -> None:
         if self.enabled:

@@ -139,6 +139,7 @@ def _add_serve(commands) -> None:
     # How the supervisor of several workers (proxy.workers) starts each of them.
     serve.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    serve.add_argument("--fetch-quota-file", help=argparse.SUPPRESS)
     serve.set_defaults(run=_lazy("tierproxy.serve"))
 
 

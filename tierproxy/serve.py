@@ -64,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
             return supervise(config, count, _config_arguments(args))
         from tierproxy.proxy.serve import serve  # the proxy itself: not in a supervisor's memory
 
-        uvloop.run(serve(config, worker=worker))
+        shared = None
+        if worker and args.fetch_quota_file:
+            from tierproxy.storage.shared_quota import SharedQuotaFile
+
+            shared = SharedQuotaFile(args.fetch_quota_file, args.worker_index)
+        uvloop.run(serve(config, worker=worker, shared_fetch_quota=shared))
     except (ConfigError, OSError, KafkaError, RemoteLogMetadataError, RemoteStorageError) as e:
         print(f"tierproxy serve: {e}", file=sys.stderr)
         return WORKER_CANNOT_START if worker else 1

@@ -208,8 +208,10 @@ class FetchFilter(Filter):
         if not remote:
             return _as_answered(payload, scan, version)
         started = time.monotonic()
-        remote_bytes = await self._read(remote, request, scan.records_size, state)
-        await self._hold_while_throttled(request, started, scan.records_size + remote_bytes)
+        # With nothing from the broker, the Fetch may wait its max_wait_ms for its turn at
+        # the fetch quota (see _sessionless).
+        turn_wait = 0.0 if scan.records_size else request.max_wait.total_seconds()
+        remote_bytes = await self._read(remote, request, scan.records_size, state, turn_wait)
         await self._hold_at_replica_end(request, started, remote, scan.records_size + remote_bytes)
         response = await self._merge(request, payload, scan, remote, queries, scan.records_size)
         for entry in remote:
@@ -261,28 +263,19 @@ class FetchFilter(Filter):
         if scan is not None and scan.any_out_of_range:
             remote += await self._out_of_range(request, scan, by_id, state, queries) or []
         used = scan.records_size if scan is not None else 0
-        remote_bytes = await self._read(remote, request, used, state)
+        # A Fetch the broker has no part in may wait its max_wait_ms for its turn at the
+        # fetch quota, as a broker parks a fetch without data: the client does not spin.
+        turn_wait = 0.0 if broker_request is not None else \
+            request.max_wait.total_seconds() - (time.monotonic() - started)
+        remote_bytes = await self._read(remote, request, used, state, turn_wait)
         if broker_request is not None and used + remote_bytes < request.min_bytes and not _answers_error(remote):
             waited = await self._await_min_bytes(request, broker_request, client_request, call_next, started,
                                                  remote_bytes)
             if waited is not None:
                 payload, scan = waited
                 used = scan.records_size
-        elif broker_request is None:
-            await self._hold_while_throttled(request, started, remote_bytes)
         await self._hold_at_replica_end(request, started, remote, used + remote_bytes)
         return await self._merge(request, payload, scan, remote, queries, used, in_request_order=True)
-
-    async def _hold_while_throttled(self, request: Any, started: float, available: int) -> None:
-        """Over the fetch quota with nothing to answer, the Fetch waits what is left of its
-        max_wait_ms, or until the quota allows reads again if that is sooner, as a broker
-        parks a fetch without data: the client does not spin on empty answers."""
-        throttle = self.tier.fetch_quota.throttle_time()
-        if throttle <= 0 or available:
-            return
-        left = request.max_wait.total_seconds() - (time.monotonic() - started)
-        if left > 0:
-            await asyncio.sleep(min(throttle, left))
 
     @staticmethod
     async def _hold_at_replica_end(request: Any, started: float, remote: list[_Remote], available: int) -> None:
@@ -455,9 +448,11 @@ class FetchFilter(Filter):
 
     # ------------------------------------------------------------------ reading
 
-    async def _read(self, remote: list[_Remote], request: Any, used: int, state: FetchConnectionState) -> int:
+    async def _read(self, remote: list[_Remote], request: Any, used: int, state: FetchConnectionState,
+                    turn_wait: float) -> int:
         """Read the remote partitions that fit remote.fetch.max.bytes, starting where the
-        connection's last Fetch stopped; return the bytes read."""
+        connection's last Fetch stopped, once the fetch quota gives this connection its turn
+        (waiting up to `turn_wait` seconds for it); return the bytes read."""
         budget = remote_budget(request.max_bytes, used, self.remote_max_bytes)
         indexes, state.remote_rotation = remote_turn([e.request.partition_max_bytes for e in remote],
                                                      state.remote_rotation, budget)
@@ -467,11 +462,16 @@ class FetchFilter(Filter):
         whole_batch = first_gets_whole_batch(used, state.remote_starved)
         for turn, entry in enumerate(chosen, 1):
             entry.min_one_batch, entry.turn = whole_batch, turn
-        quota = self.tier.fetch_quota
-        throttle = quota.throttle_time()
-        if throttle > 0:  # KIP-956: empty records for the remote partitions, no error
-            self.tier.metrics.fetch_throttle_seconds.observe(throttle)
-            return 0
+        turns = self.tier.fetch_turns
+        nbytes = turns.turn_bytes([e.request.partition_max_bytes for e in chosen], budget,
+                                  self.tier.engine.chunk_cache.chunk_size)
+        if chosen and not turns.try_turn(id(state), nbytes):
+            held_since = time.monotonic()
+            if not await turns.turn(id(state), nbytes, turn_wait):  # KIP-956: empty records, no error
+                self.tier.metrics.fetch_throttle_seconds.observe(
+                    max(time.monotonic() - held_since, self.tier.fetch_quota.throttle_time()))
+                return 0
+            self.tier.metrics.fetch_throttle_seconds.observe(time.monotonic() - held_since)
 
         async def read(entry: _Remote) -> None:
             if entry.replica and entry.request.fetch_offset >= entry.offsets.high_watermark:
@@ -497,14 +497,17 @@ class FetchFilter(Filter):
                 log_start_offset=remote_start,
             )
 
-        if len(chosen) == 1:
-            await read(chosen[0])
-        else:
-            await asyncio.gather(*(read(entry) for entry in chosen))
+        # The quota records bytes as the store reads them (the chunk cache tells it); until
+        # then what this turn may read is set aside, so that turns after it do not all pass
+        # the same check.
+        with turns.reading(nbytes):
+            if len(chosen) == 1:
+                await read(chosen[0])
+            else:
+                await asyncio.gather(*(read(entry) for entry in chosen))
         served = sum(e.outcome.value.records_size for e in chosen
                      if e.outcome is not None and e.outcome.value is not None)
         state.remote_starved = served == 0 and used > 0
-        quota.record(served)
         return served
 
     # ------------------------------------------------------------------ the response

@@ -128,6 +128,34 @@ async def test_read_ahead_prefetches_the_next_chunks_within_the_segment(tmp_path
         await cache.close()
 
 
+async def test_the_read_quota_is_told_every_store_read_as_it_starts_and_read_ahead_yields_to_it(
+        tmp_path: Path) -> None:
+    """KIP-956's fetch quota counts what the store reads: demand reads and read-ahead alike,
+    as they start; read-ahead starts only where the quota has room for it."""
+    async with one_segment(tmp_path, batches=30) as (_, _, segment, counting):
+        cache = ChunkCache(counting, chunk_size=CHUNK, max_bytes=1 << 20, read_ahead_chunks=3)
+        room = [2 * CHUNK]
+        told: list[int] = []
+
+        def store_read(nbytes: int) -> None:
+            told.append(nbytes)
+            room[0] -= nbytes
+
+        cache.on_store_read = store_read
+        cache.read_ahead_fits = lambda nbytes: nbytes <= room[0]
+        await cache.get(segment, 0)
+        await _wait_idle(cache)
+        # Two chunks of read-ahead fit, the third did not; the demand read went all the same.
+        assert [(segment.segment_id.id, i) in cache for i in range(4)] == [True, True, True, False]
+        read = sum(end - start + 1 for _, start, end in counting.range_reads)
+        assert sum(told) == read == 3 * CHUNK
+        await cache.get(segment, 3)
+        await _wait_idle(cache)
+        assert (segment.segment_id.id, 4) not in cache
+        assert sum(told) == sum(end - start + 1 for _, start, end in counting.range_reads) == 4 * CHUNK
+        await cache.close()
+
+
 async def test_never_more_than_the_bound_and_demand_evicts_prefetched_chunks_first(tmp_path: Path) -> None:
     async with local_remote_log(tmp_path) as (rsm, rlmm):
         partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=2, batches_per_segment=30)

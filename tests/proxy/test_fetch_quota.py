@@ -1,6 +1,8 @@
 """KIP-956's fetch quota (`remote.log.manager.fetch.max.bytes.per.second`): a backfill from
 the remote tier is held to the quota, its remote partitions answered with empty records
-and no error while it is exceeded, and the partitions the broker serves are not held."""
+and no error while it is exceeded, and the partitions the broker serves are not held.
+Bytes count as the store reads them, read-ahead included, and consumers take turns: every
+quota window keeps to the quota, and no consumer is passed over for long."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tierproxy.storage.quota import RateQuota, QuotaSettings
+from testbed.ports import LOOPBACK, free_ports
+from testbed.quota_replay import replay
+from tests.helpers.proxy import free_port_block
+from tests.helpers.serve import start_serving
 from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
 QUOTA = 256 * 1024  # bytes per second
@@ -77,6 +83,43 @@ def test_a_backfill_is_held_to_the_fetch_quota_and_local_partitions_are_not(tier
     assert unthrottled < 0.5 * allowed_s
     # The broker's partition is served all along, not after the remote one.
     assert done[1] < 0.5 * done[0]
+
+
+# Eight consumers, one a partition, each Fetch of at most 32 KiB of a partition, against a
+# quota of 400 KB/s over windows of 2 x 1 s: one window is 800 KB, 10% of it 80 KB.
+WINDOWS_QUOTA = 400_000
+WINDOWS = TopicSpec(Timed(1000, value_size=1000), partitions=8, fraction=0.99, segment_bytes=256 * 1024)
+WINDOWS_SETTINGS = {"remote.log.manager.fetch.max.bytes.per.second": WINDOWS_QUOTA,
+                    "remote.log.manager.fetch.quota.window.num": 2,
+                    "remote.log.manager.fetch.quota.window.size.seconds": 1,
+                    "remote.log.chunk.size.bytes": 32 * 1024}
+WINDOWS_CONSUMER = {"max.partition.fetch.bytes": 32 * 1024}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_quota_window_keeps_to_the_quota_and_consumers_take_turns(kafka_cluster, tiered_topics, tmp_path,
+                                                                         workers):
+    """Every quota window after the first reads at most 1.1x the quota from the store
+    (bytes counted as read, read-ahead too), the backfill takes at least 0.9x bytes /
+    quota, and no consumer waits two windows while others get records."""
+    data = tiered_topics(WINDOWS, kafka_cluster)
+    bootstrap_port, metrics_port = free_ports(2)
+    settings = {"bootstrap.servers": kafka_cluster.bootstrap_servers, "proxy.listener.host": LOOPBACK,
+                "proxy.bootstrap.port": bootstrap_port, "proxy.broker.port.base": free_port_block(1),
+                "metrics.port": metrics_port, "proxy.workers": workers, **data.store, **WINDOWS_SETTINGS}
+    proxy = start_serving(settings, tmp_path)
+    try:
+        proxy.wait_for("tierproxy serving on", count=workers)
+        result = replay(f"{LOOPBACK}:{bootstrap_port}", data.topic,
+                        {p: len(data.of(p)) for p in range(WINDOWS.partitions)}, metrics_port,
+                        quota=WINDOWS_QUOTA, window_s=2.0, consumer_config=WINDOWS_CONSUMER, timeout_s=150)
+    finally:
+        assert proxy.stop() == 0, proxy.output
+    print(f"{workers} worker(s): {result.line()}")
+    assert result.windows >= 10
+    assert result.max_window <= 1.1
+    assert result.duration >= 0.9
+    assert result.longest_wait_s <= 2 * 2.0
 
 
 def test_throttle_time_follows_kafkas_rate_over_the_kept_samples():

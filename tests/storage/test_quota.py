@@ -108,3 +108,15 @@ async def test_acquire_waits_until_the_rate_is_back_within_the_quota():
         assert await unlimited.acquire(chunk) == 0
     assert time.monotonic() - started < 0.5 * expected
     assert unlimited.waits == []
+
+
+def test_reserved_bytes_count_as_recorded_until_released():
+    """Reads admitted and not started yet count against the quota, so that reads admitted
+    at once do not all pass the same check; `throttle_time(n)` is the wait for n more."""
+    clock = Clock()
+    quota = RateQuota(QuotaSettings(1000, 11, 1), clock=clock)
+    with quota.reserve(900):
+        assert quota.allows(100) and not quota.allows(101)
+        assert quota.throttle_time(600) == pytest.approx((1500 - 1000) / 1000 * 1)
+        assert quota.throttle_time() == 0
+    assert quota.reserved == 0 and quota.allows(1000)
