@@ -235,13 +235,19 @@ def _metadata_problems(rlmm: RemoteLogMetadataManager | None) -> list[str]:
     return [str(problem)] if problem is not None else []
 
 
-def _unnamed_replica_partition(replicas: ReadReplicas | None, topic: str, partition: int) -> tuple[str, ...]:
-    """The problem of a read replica partition the loaded remote log metadata does not name."""
+def _unnamed_replica_partition(replicas: ReadReplicas | None, topic: str, partition: int,
+                               origin_partitions: int | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(problems, warnings) of a read replica partition the loaded remote log metadata does
+    not name. One the origin's published partition count covers is only not tiered yet there
+    (a warning); any other is a problem."""
     if replicas is None or topic not in replicas or replicas.named_partition(topic, partition) is not None:
-        return ()
+        return (), ()
+    if origin_partitions is not None and partition < origin_partitions:
+        return (), (f"the origin has not tiered partition {partition} of {topic} yet (it has {origin_partitions}): "
+                    "the proxy answers it REPLICA_NOT_AVAILABLE until its first segment is tiered",)
     return (f"the remote log metadata names no partition {partition} of {topic}: the proxy answers it "
             "REPLICA_NOT_AVAILABLE (nothing of it is tiered yet, or remote.log.storage.* name another store or "
-            "key prefix than the origin's)",)
+            "key prefix than the origin's)",), ()
 
 
 def _finished(rlmm: RemoteLogMetadataManager | None, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
@@ -375,7 +381,9 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         replicas = ReadReplicas((t.name for t in config.read_replica_topics), rlmm) if rlmm else None
         ids = {tp: await _remote_partition(replicas, TopicIdPartition(topics[tp[0]].topic_id, *tp), timeout)
                for tp in tps}
-        unnamed = {tp: _unnamed_replica_partition(replicas, tp[0], tp[1]) for tp in tps}
+        published = {name: count for name, count in (await published_partition_counts(rsm)).items()
+                     if name in replica_names} if replica_names else {}
+        unnamed = {tp: _unnamed_replica_partition(replicas, tp[0], tp[1], published.get(tp[0])) for tp in tps}
         if rlmm is not None:
             for tid in ids.values():
                 await rlmm.wait_until_ready(tid, timeout)
@@ -387,7 +395,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         key_ring = KeyRing.from_config(config)
         found = {tp: await _segments_found(rsm, key_ring, finished[tp], verify=verify) for tp in tps}
         published_ago = _published_seconds_ago(rlmm)
-        topic_problems = await _replica_partition_problems(replica_names, topics, rsm, rlmm)
+        topic_problems = _replica_partition_problems(replica_names, topics, published, rlmm)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -399,20 +407,18 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         partitions.append(PartitionStatus(
             tp[0], tp[1], str(ids[tp].topic_id), lx, ly, lz, rx, ry, len(segments),
             sum(s.segment_size_in_bytes for s in segments),
-            unnamed[tp] + _invariants(tp[0] in replica_names, lx, ly, lz, rx, ry) + key_problems, keys, warnings,
+            unnamed[tp][0] + _invariants(tp[0] in replica_names, lx, ly, lz, rx, ry) + key_problems, keys,
+            unnamed[tp][1] + warnings,
         ))
     return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names,
                   metadata_problems, topic_problems)
 
 
-async def _replica_partition_problems(names: frozenset[str], topics: dict[str, TopicInfo], rsm: RemoteStorageManager,
-                                      rlmm: RemoteLogMetadataManager | None) -> tuple[str, ...]:
+def _replica_partition_problems(names: frozenset[str], topics: dict[str, TopicInfo], published: dict[str, int],
+                                rlmm: RemoteLogMetadataManager | None) -> tuple[str, ...]:
     """Each replica topic of `names` with fewer partitions on this cluster than the origin's,
-    as the origin's pipeline published the count, else as the remote log metadata knows it."""
-    if not names:
-        return ()  # no head to read
-    origin = known_partition_counts(rlmm, names) if rlmm is not None else {}
-    origin |= {name: count for name, count in (await published_partition_counts(rsm)).items() if name in names}
+    as the origin's pipeline `published` the count, else as the remote log metadata knows it."""
+    origin = (known_partition_counts(rlmm, names) if rlmm is not None else {}) | published
     problems = []
     for name in sorted(names & topics.keys()):
         have, count = len(topics[name].partitions), origin.get(name, 0)
