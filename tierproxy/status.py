@@ -238,11 +238,13 @@ def _metadata_problems(rlmm: RemoteLogMetadataManager | None) -> list[str]:
 def _unnamed_replica_partition(replicas: ReadReplicas | None, topic: str, partition: int,
                                origin_partitions: int | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(problems, warnings) of a read replica partition the loaded remote log metadata does
-    not name. One the origin's published partition count covers is only not tiered yet there
-    (a warning); any other is a problem."""
+    not name. One of a topic the metadata names other partitions of, and that the origin's
+    published partition count covers, is only not tiered yet there (a warning); any other is
+    a problem: metadata that names nothing of the topic may be looked for in the wrong place."""
     if replicas is None or topic not in replicas or replicas.named_partition(topic, partition) is not None:
         return (), ()
-    if origin_partitions is not None and partition < origin_partitions:
+    if (origin_partitions is not None and partition < origin_partitions
+            and any(replicas.named_partition(topic, p) is not None for p in range(origin_partitions))):
         return (), (f"the origin has not tiered partition {partition} of {topic} yet (it has {origin_partitions}): "
                     "the proxy answers it REPLICA_NOT_AVAILABLE until its first segment is tiered",)
     return (f"the remote log metadata names no partition {partition} of {topic}: the proxy answers it "
