@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,6 +53,10 @@ WORKER_CANNOT_START = 78
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 STOP_TIMEOUT_S = 30.0
+# A worker whose supervisor is gone stops as on SIGTERM; one still there this long after
+# (a read stuck in the store holds its shutdown) exits at once: nobody is left to kill it.
+ORPHAN_STOP_TIMEOUT_S = 5.0
+SUPERVISOR_CHECK_INTERVAL_S = 0.5
 
 # Whole-proxy bounds divided among the workers; a bound above 0 stays at least 1 each.
 _DIVIDED = (
@@ -229,7 +234,9 @@ def _prune_index_directory(config: Config) -> None:
 
 
 def watch_supervisor(supervisor_pid: int) -> None:
-    """In a worker: exit with the supervisor, even if it is killed with SIGKILL."""
+    """In a worker: exit with the supervisor, even if it is killed with SIGKILL, whatever the
+    worker is doing then (starting, serving, or stopping already, when the signal the
+    supervisor's death sends changes nothing)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -237,3 +244,15 @@ def watch_supervisor(supervisor_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != supervisor_pid:  # it died before the line above
         raise SystemExit(0)
+    # A thread of its own: the event loop may be stuck, or long past its signal handlers.
+    threading.Thread(target=_exit_without, args=(supervisor_pid,), name="supervisor-watch", daemon=True).start()
+
+
+def _exit_without(supervisor_pid: int) -> None:
+    while os.getppid() == supervisor_pid:  # an orphan's parent is init or a subreaper
+        time.sleep(SUPERVISOR_CHECK_INTERVAL_S)
+    os.kill(os.getpid(), signal.SIGTERM)  # where there is no death signal (not Linux)
+    time.sleep(ORPHAN_STOP_TIMEOUT_S)
+    log.error("supervisor pid %d is gone and this worker did not stop within %.0f s; exiting", supervisor_pid,
+              ORPHAN_STOP_TIMEOUT_S)
+    os._exit(1)

@@ -5,21 +5,26 @@ workers, and the workers never outlive their supervisor."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import javaproperties
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from tierproxy.config import load
 from tierproxy.proxy.workers import shares
+from tierproxy.storage.metadata.file_store import SNAPSHOT_FILE_NAME
 from testbed.ports import LOOPBACK, free_ports
 from tests.helpers.consume import consume_confluent_assigned, expected_by_partition, in_partition_order
 from tests.helpers.fixtures import tiered_fixture
@@ -260,6 +265,114 @@ def test_workers_exit_with_their_supervisor(tiered, tmp_path):
     while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in workers):
         assert time.monotonic() < deadline, "workers outlived their supervisor"
         time.sleep(0.1)
+
+
+def test_workers_exit_with_a_supervisor_killed_while_they_stop(tiered, tmp_path):
+    """A worker whose shutdown waits for a read stuck in the store (a FIFO for a manifest,
+    as a hung network filesystem would) has had its SIGTERM: the signal its supervisor's
+    death sends changes nothing. It exits anyway once the supervisor is gone."""
+    settings = _store_copy(tiered, tmp_path)
+    manifest = sorted(Path(settings["remote.log.storage.local.dir"]).glob("*/0/*.manifest"))[0]
+    with _stuck_on(manifest) as stuck:
+        served, bootstrap_port, _ = serve(tiered, tmp_path, 2, **settings)
+        workers: set[int] = set()
+        try:
+            served.wait_for(SERVING, 2)
+            workers = served.workers()
+            consumer = Consumer({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}", "group.id": "stuck",
+                                 "enable.auto.commit": False})
+            try:
+                consumer.assign([TopicPartition(tiered.topic, 0, 0)])
+                deadline = time.monotonic() + 60
+                while not stuck():  # a worker reads the manifest, and blocks there
+                    assert time.monotonic() < deadline, "no remote read of partition 0 began"
+                    consumer.poll(0.2)
+            finally:
+                consumer.close()
+            served.process.send_signal(signal.SIGTERM)
+            served.wait_for(r"worker-\d tierproxy: shutting down", 2)
+            served.process.kill()
+            served.process.wait()
+            _wait_gone(workers)
+        finally:
+            _kill_left(served, workers)
+            served.stop()
+    assert re.search(r"worker-\d tierproxy: supervisor pid \d+ is gone and this worker did not stop within",
+                     served.output), served.output
+
+
+def test_workers_exit_with_a_supervisor_killed_while_they_start(tiered, tmp_path):
+    """A worker that has its signal handlers but waits at start for the remote log metadata
+    (a FIFO for its snapshot) exits once its supervisor is gone."""
+    settings = _store_copy(tiered, tmp_path)
+    snapshot = Path(settings["remote.log.metadata.dir"]) / SNAPSHOT_FILE_NAME
+    snapshot.unlink(missing_ok=True)
+    with _stuck_on(snapshot) as stuck:
+        served, _, _ = serve(tiered, tmp_path, 2, **settings)
+        workers: set[int] = set()
+        try:
+            deadline = time.monotonic() + 60
+            while not stuck() or len(workers) < 2:
+                assert time.monotonic() < deadline and served.process.poll() is None, served.output
+                workers |= served.workers()
+                time.sleep(0.1)
+            served.process.kill()
+            served.process.wait()
+            _wait_gone(workers)
+        finally:
+            _kill_left(served, workers)
+            served.stop()
+    assert "serving on" not in served.output
+
+
+def _store_copy(tiered: TieredTopic, tmp_path: Path) -> dict[str, str]:
+    """The tiered topic's store and metadata copied, to be damaged by one test alone."""
+    settings = {}
+    for key in ("remote.log.storage.local.dir", "remote.log.metadata.dir"):
+        settings[key] = str(shutil.copytree(tiered.store[key], tmp_path / "store" / Path(tiered.store[key]).name))
+    return settings
+
+
+@contextlib.contextmanager
+def _stuck_on(path: Path) -> Iterator[Callable[[], bool]]:
+    """`path` replaced by a FIFO; yields whether a reader has opened it. From then on a
+    writer holds it open and writes nothing: the reader waits in read() until the end."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    writer: list[int] = []
+
+    def stuck() -> bool:
+        if not writer:
+            try:
+                writer.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as e:  # ENXIO: no reader yet
+                if e.errno != errno.ENXIO:
+                    raise
+        return bool(writer)
+
+    try:
+        yield stuck
+    finally:
+        for fd in writer:
+            os.close(fd)  # end of file for whoever still reads
+
+
+def _wait_gone(workers: set[int], timeout_s: float = 60) -> None:
+    """Every pid exits (a zombie of an orphan counts as gone) within a generous bound."""
+    assert workers
+    deadline = time.monotonic() + timeout_s
+    while alive := [pid for pid in workers if _state(pid) != "Z"]:
+        assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+        time.sleep(0.1)
+
+
+def _kill_left(served: Served, workers: set[int]) -> None:
+    """SIGKILL what is left of `served`'s workers (checked by command line: a pid gone may be reused)."""
+    mark = f"--worker-of\0{served.process.pid}\0".encode()
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            if _state(pid) != "Z" and mark in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
 
 
 def _state(pid: int) -> str:
