@@ -102,6 +102,10 @@ class TopicSpec:
 #: minutes after the others (the partition's MAX_TIMESTAMP is in its remote part).
 TWO_TIMED_PARTITIONS = TopicSpec(Timed(1500, outliers=((1, 100, 30 * 60 * 1000),)), partitions=2)
 
+#: Four partitions of 2500 records of 1 KB (10 MB), the first 90% of each remote only, in
+#: 256 KiB segments: the replays through `serve` (workers, memory) read it, built once a run.
+FOUR_KB_PARTITIONS = TopicSpec(Timed(2500, value_size=1000), partitions=4, fraction=0.9, segment_bytes=256 * 1024)
+
 
 @dataclass
 class TieredTopic:

@@ -24,14 +24,13 @@ from tests.helpers.consume import consume_confluent_assigned, expected_by_partit
 from tests.helpers.fixtures import tiered_fixture
 from tests.helpers.proxy import free_port_block
 from tests.helpers.serve import Served, start_serving
-from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
+from tests.helpers.tiered import FOUR_KB_PARTITIONS, TieredTopic
 
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
-PARTITIONS = 4
-SPEC = TopicSpec(Timed(per_partition=2500, value_size=1000), partitions=PARTITIONS, fraction=0.9,
-                 segment_bytes=512 * 1024)
+SPEC = FOUR_KB_PARTITIONS
+PARTITIONS = SPEC.partitions
 # The case: 16 MiB caches, 50 clients that never read, 8 consumers.
 LIMITS = {
     "remote.log.chunk.size.bytes": 256 * 1024,

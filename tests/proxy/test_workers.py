@@ -30,13 +30,11 @@ from tests.helpers.consume import consume_confluent_assigned, expected_by_partit
 from tests.helpers.fixtures import tiered_fixture
 from tests.helpers.proxy import free_port_block
 from tests.helpers.serve import Served, sample, scrape, start_serving
-from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
+from tests.helpers.tiered import FOUR_KB_PARTITIONS, TieredTopic
 
-PARTITIONS = 4
-PER_PARTITION = 2500
 # 1 KB records, the first 90% of each partition remote only.
-SPEC = TopicSpec(Timed(PER_PARTITION, value_size=1000), partitions=PARTITIONS, fraction=0.9,
-                 segment_bytes=256 * 1024)
+SPEC = FOUR_KB_PARTITIONS
+PARTITIONS = SPEC.partitions
 pytestmark = pytest.mark.timeout(300)
 
 
