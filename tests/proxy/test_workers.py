@@ -254,15 +254,10 @@ def test_every_worker_listens_on_the_port_a_node_id_range_gives(tiered, tmp_path
 def test_workers_exit_with_their_supervisor(tiered, tmp_path):
     data = tiered
     served, _, _ = serve(data, tmp_path, 2)
-    served.wait_for(SERVING, 2)
-    workers = served.workers()
-    assert len(workers) == 2
-    served.process.kill()
-    served.process.wait()
-    deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in workers):
-        assert time.monotonic() < deadline, "workers outlived their supervisor"
-        time.sleep(0.1)
+    with _supervisor_killed(served) as workers:
+        served.wait_for(SERVING, 2)
+        workers |= served.workers()
+        assert len(workers) == 2
 
 
 def test_workers_exit_with_a_supervisor_killed_while_they_stop(tiered, tmp_path):
@@ -273,10 +268,9 @@ def test_workers_exit_with_a_supervisor_killed_while_they_stop(tiered, tmp_path)
     manifest = sorted(Path(settings["remote.log.storage.local.dir"]).glob("*/0/*.manifest"))[0]
     with _stuck_on(manifest) as stuck:
         served, bootstrap_port, _ = serve(tiered, tmp_path, 2, **settings)
-        workers: set[int] = set()
-        try:
+        with _supervisor_killed(served) as workers:
             served.wait_for(SERVING, 2)
-            workers = served.workers()
+            workers |= served.workers()
             consumer = Consumer({"bootstrap.servers": f"{LOOPBACK}:{bootstrap_port}", "group.id": "stuck",
                                  "enable.auto.commit": False})
             try:
@@ -289,12 +283,6 @@ def test_workers_exit_with_a_supervisor_killed_while_they_stop(tiered, tmp_path)
                 consumer.close()
             served.process.send_signal(signal.SIGTERM)
             served.wait_for(r"worker-\d tierproxy: shutting down", 2)
-            served.process.kill()
-            served.process.wait()
-            _wait_gone(workers)
-        finally:
-            _kill_left(served, workers)
-            served.stop()
     assert re.search(r"worker-\d tierproxy: supervisor pid \d+ is gone and this worker did not stop within",
                      served.output), served.output
 
@@ -307,19 +295,12 @@ def test_workers_exit_with_a_supervisor_killed_while_they_start(tiered, tmp_path
     snapshot.unlink(missing_ok=True)
     with _stuck_on(snapshot) as stuck:
         served, _, _ = serve(tiered, tmp_path, 2, **settings)
-        workers: set[int] = set()
-        try:
+        with _supervisor_killed(served) as workers:
             deadline = time.monotonic() + 60
             while not stuck() or len(workers) < 2:
                 assert time.monotonic() < deadline and served.process.poll() is None, served.output
                 workers |= served.workers()
                 time.sleep(0.1)
-            served.process.kill()
-            served.process.wait()
-            _wait_gone(workers)
-        finally:
-            _kill_left(served, workers)
-            served.stop()
     assert "serving on" not in served.output
 
 
@@ -355,13 +336,24 @@ def _stuck_on(path: Path) -> Iterator[Callable[[], bool]]:
             os.close(fd)  # end of file for whoever still reads
 
 
-def _wait_gone(workers: set[int], timeout_s: float = 60) -> None:
-    """Every pid exits (a zombie of an orphan counts as gone) within a generous bound."""
-    assert workers
-    deadline = time.monotonic() + timeout_s
-    while alive := [pid for pid in workers if _state(pid) != "Z"]:
-        assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
-        time.sleep(0.1)
+@contextlib.contextmanager
+def _supervisor_killed(served: Served) -> Iterator[set[int]]:
+    """Yields a set for the body to put `served`'s workers in; then SIGKILLs the supervisor and
+    asserts every worker exits (a zombie of an orphan counts as gone) within a generous bound.
+    Whatever is left is killed, whatever happened."""
+    workers: set[int] = set()
+    try:
+        yield workers
+        assert workers
+        served.process.kill()
+        served.process.wait()
+        deadline = time.monotonic() + 30
+        while alive := [pid for pid in workers if _state(pid) != "Z"]:
+            assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+            time.sleep(0.1)
+    finally:
+        _kill_left(served, workers)
+        served.stop()
 
 
 def _kill_left(served: Served, workers: set[int]) -> None:
