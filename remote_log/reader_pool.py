@@ -13,8 +13,13 @@ error) and the task is cancelled the way Kafka's `DelayedRemoteFetch` does it
 (`cancel(false)`): a read still waiting for a reader never starts; a read already
 running is not interrupted. It completes in the background and warms the caches,
 and since it keeps its reader until then, such reads are bounded by `threads`
-like any other; its result is dropped. Nothing is left half done: no cache ever
-holds a partial chunk or index, whatever is cancelled when.
+like any other; its result is dropped. A caller that is itself cancelled (its client
+connection closed: nobody will read the answer) takes its read with it, waiting or
+running: a running one stops at its next wait, a chunk or index load in flight, which
+goes on for the caches and for any other reader of it, and its reader goes to the next
+read at once, not after the rest of a read of up to `remote.fetch.max.bytes`. Nothing
+is left half done: no cache ever holds a partial chunk or index, whatever is cancelled
+when.
 
 Waiting reads take turns by owner (`read_owner`: the client connection a read is for),
 round robin, not first come first served: fifty connections that pipeline Fetches get one
@@ -103,7 +108,8 @@ class RemoteLogReaderPool:
         # Waiting reads by owner; the owners in turn order (the next to start first).
         self._pending: dict[ReadOwner | None, collections.deque[_Entry]] = {}
         self._waiting = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The running reads' tasks, by the future their caller waits on.
+        self._tasks: dict[asyncio.Future[ReadOutcome], asyncio.Task[None]] = {}
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: self._waiting)
         self.metrics.reader_avg_idle.set_function(self.idle_ratio)
@@ -204,6 +210,9 @@ class RemoteLogReaderPool:
             task = asyncio.current_task()
             if not expired or (task is not None and task.cancelling()):  # the caller itself is cancelled
                 self._give_up(future)
+                running = self._tasks.get(future)
+                if running is not None:  # nobody will read what it reads
+                    running.cancel()
                 raise
             self.metrics.fetch_expired.labels(topic).inc()
             self._observe("expired", submitted)
@@ -231,7 +240,7 @@ class RemoteLogReaderPool:
         for entries in pending.values():
             for _, future, _ in entries:
                 future.cancel()
-        tasks = list(self._tasks)
+        tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -246,8 +255,8 @@ class RemoteLogReaderPool:
         if self._ticker is None:
             self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
         task = loop.create_task(self._run(read, future), context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[future] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(future, None))
 
     async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
         try:

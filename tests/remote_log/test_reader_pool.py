@@ -288,6 +288,29 @@ async def test_a_caller_cancelled_while_reading_is_cancelled_not_expired() -> No
     await pool.close()
 
 
+async def test_a_caller_cancelled_while_reading_takes_its_running_read_with_it() -> None:
+    """A client that resets the connection while its read runs: nobody will read what the
+    read reads, so it stops, and its reader goes to the next read in turn at once."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
+    gate, order = Gate(), Order()
+    caller = asyncio.create_task(pool.read(gate.read, timeout=10))
+    await asyncio.sleep(0.01)
+    next_in_turn = pool.submit(order.read("next"))
+    assert gate.running == 1 and pool.queue_size == 1
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    for _ in range(100):
+        if order.started:
+            break
+        await asyncio.sleep(0.005)
+    assert order.started == ["next"] and gate.running == 0 and gate.finished == 0
+    assert pool.active == 1 and pool.queue_size == 0
+    order.release.set()
+    assert (await asyncio.wait_for(next_in_turn, 1)).value == "next"
+    await pool.close()
+
+
 async def test_close_cancels_running_and_waiting_reads() -> None:
     pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
     gate = Gate()
