@@ -28,6 +28,13 @@ responses are not being read (`ReadOwner.stalled`) waits behind every other owne
 queue is full, a stalled owner, or else the one with the most reads waiting, gives up its
 newest read to a submitter that is not stalled or has fewer (ReaderQueueFull for that
 read), so the bound holds without refusing the connections that queue little.
+
+Chunks are loaded ahead of a read (beyond what it reads itself) only for an owner that reads
+a partition sequentially (`owner_reads_on`): its read starts where its last read of that
+partition ended, or where that one started (the same fetch again). A connection that fetches
+at offsets of its own choosing (a first fetch, a seek, or a client that reads at random
+places and resets) would only fill the chunk cache with chunks nobody reads, in the place
+of those that sequential readers are about to read.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ import collections
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -47,7 +55,8 @@ from .metrics import RemoteMetrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ("ReadOwner", "ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool", "owner_reads_ahead", "read_owner")
+__all__ = ("ReadOwner", "ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool", "owner_read", "owner_reads_ahead",
+           "owner_reads_on", "read_owner")
 
 T = TypeVar("T")
 
@@ -78,6 +87,28 @@ def owner_reads_ahead() -> bool:
     owner, whose chunks loaded ahead would only take the chunk cache's room from readers
     that read."""
     return not _stalled(_OWNER.get())
+
+
+# Per owner, per partition: the offsets its last read of it started at and ended before.
+_LAST_READ: weakref.WeakKeyDictionary[ReadOwner, dict[Hashable, tuple[int, int]]] = weakref.WeakKeyDictionary()
+
+
+def owner_reads_on(partition: Hashable, offset: int) -> bool:
+    """Whether the read of `partition` from `offset` running in this context continues the
+    owner's last read of it (starts where that ended, or where it started), so that chunks
+    beyond it are worth loading ahead; always, for a read that is no client's."""
+    owner = _OWNER.get()
+    if owner is None:
+        return True
+    last = _LAST_READ.get(owner, {}).get(partition)
+    return last is not None and last[0] <= offset <= last[1]
+
+
+def owner_read(partition: Hashable, offset: int, next_offset: int) -> None:
+    """The read running in this context read `partition` from `offset` up to `next_offset`."""
+    owner = _OWNER.get()
+    if owner is not None:
+        _LAST_READ.setdefault(owner, {})[partition] = (offset, next_offset)
 
 
 def _stalled(owner: ReadOwner | None) -> bool:
