@@ -311,6 +311,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         hostile_on = threading.Event()
         worst = [0.0]
         hostile_cpu_seconds: list[tuple[float, float, float]] = []
+        alone_cpu_seconds: list[tuple[float, float, float]] = []
+        proxy_per_record: list[tuple[bool, float]] = []
         threads = [threading.Thread(target=honest_consumer, args=(i, proxy_info["bootstrap"], topic, per_partition,
                                                                   state, stop)) for i in range(args.honest)]
         threads.append(threading.Thread(target=gap_watch, args=(state, stop, hostile_on, worst)))
@@ -327,31 +329,37 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 with state.lock:
                     records, started = state.records, time.monotonic()
                     state.last_record = [started] * args.honest
+                proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
                 if with_hostile:
                     hostile_on.set()
                     peak: list[float] = [0.0]
                     watcher = threading.Thread(target=_held_watch, args=(metrics_port, hostile_on, peak))
                     watcher.start()
                     raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase == 1 else None
-                    proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
                     with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
                         hostile_cpu, done = run_hostile(proxy, topic, max(per_partition.values()), args.phase,
                                                           args, rng.randrange(1 << 30))
-                    cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu)
-                    hostile_cpu_seconds.append(cpu)
+                else:
+                    hostile_cpu, done = 0.0, {}
+                    time.sleep(args.phase)
+                cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu)
+                with state.lock:
+                    phase_records = state.records - records
+                    rate = phase_records / (time.monotonic() - started)
+                (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
+                (beside if with_hostile else alone).append(rate)
+                # The proxy's CPU per honest record: what hostile clients add to it is the
+                # proxy's work for them.
+                proxy_per_record.append((with_hostile, cpu[1] / max(phase_records, 1)))
+                if with_hostile:
                     if raw:
                         print(profiling.format_summary(*profiling.summarize(raw), top=15), flush=True)
                     hostile_on.clear()
                     watcher.join()
                     held_peak = max(held_peak, peak[0])
-                else:
-                    time.sleep(args.phase)
-                with state.lock:
-                    rate = (state.records - records) / (time.monotonic() - started)
-                (beside if with_hostile else alone).append(rate)
                 cpu_note = (f" ({', '.join(f'{n:,} {what}' for what, n in sorted(done.items()))}; CPU s: "
                             f"hostile clients {cpu[0]:.1f}, proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
-                            ) if with_hostile else ""
+                            ) if with_hostile else f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
                       f"{rate:,.0f} records/s{cpu_note}", flush=True)
         finally:
@@ -364,7 +372,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
             "replays": state.replays,
             "expired": after["expired"] - before["expired"], "reads": after["reads"] - before["reads"],
             "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0],
-            "cpu": hostile_cpu_seconds, "read_errors": read_errors}
+            "cpu": hostile_cpu_seconds, "alone_cpu": alone_cpu_seconds, "read_errors": read_errors,
+            "proxy_per_record": proxy_per_record}
 
 
 def _held_watch(metrics_port: int, on: threading.Event, peak: list[float]) -> None:
@@ -444,8 +453,12 @@ def main() -> int:
               f"| {r['reads']:,.0f} ({r['expired']:,.0f}) | {len(r['errors'])} | {r['held_peak'] / MIB:.1f} MiB "
               f"| {r['copied'] / MIB:.1f} MiB |")
         cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(3)]
+        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(3)]
+        per_record = {h: statistics.median(x for w, x in r["proxy_per_record"] if w == h) * 1e6 for h in (False, True)}
         print(f"  {workers} worker(s), CPU cores used in the hostile phases: hostile clients {cpu[0]:.2f}, "
-              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}")
+              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}; alone: proxy {alone_cpu[1]:.2f}, honest "
+              f"consumers {alone_cpu[2]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
+              f"beside hostile {per_record[True]:.1f}")
         if r["read_errors"]:
             print(f"  {workers} worker(s), failed remote reads (all clients') by reason: "
                   + ", ".join(f"{reason} {n:,}" for reason, n in sorted(r["read_errors"].items())))
