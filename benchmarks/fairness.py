@@ -14,7 +14,18 @@ partition's offsets come in order, none lost, none twice) read through it in pha
   the connection, in a loop.
 
 The phases interleave (alone, hostile, alone, ..., alone), so the machine's noise falls
-on both; each hostile phase is also set against the two alone phases around it. It prints, per worker setting, the honest records/s alone and beside the hostile
+on both; each hostile phase is also set against the two alone phases around it.
+
+The hostile clients run in a process of their own, at `--hostile-nice` (default 0: the
+same priority as everything else). Here they share the machine's cores with the proxy, the
+broker and the honest consumers, which in production they would not: their own CPU (Python,
+a login per resetter connection) is taken from the honest consumers, and that is not the
+proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
+the ratio measures the proxy's fairness; quote which one a figure is. Every hostile phase
+prints the CPU seconds of the hostile clients' process, the proxy (all its processes) and
+this process (the honest consumers).
+
+It prints, per worker setting, the honest records/s alone and beside the hostile
 clients, their ratio, the remote reads that ran out of `remote.fetch.max.wait.ms`, the
 longest time an honest consumer went without a record during the hostile phases, and the
 chunk bytes held by and copied for stalled connections (the proxy's metrics). Partition
@@ -23,6 +34,7 @@ record was wrong, lost or duplicated. `--profile` samples the proxy with py-spy 
 first hostile phase and prints the top functions.
 
     .venv/bin/python benchmarks/fairness.py --workers 1 2
+    .venv/bin/python benchmarks/fairness.py --workers 1 2 --hostile-nice 19
 
 Everything it starts is stopped at the end.
 """
@@ -31,10 +43,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime
+import multiprocessing
+import os
 import random
+import resource
 import statistics
 import struct
 import sys
@@ -46,7 +62,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adversarial import PARTITIONS, PASSWORD, Proxy  # noqa: E402  beside this script
-from backfill import _free_port, proxy_counters, proxy_process, tier_everything, trim_to_end  # noqa: E402
+from backfill import (  # noqa: E402
+    _free_port, proxy_counters, proxy_process, tier_everything, tree_cpu_seconds, trim_to_end)
 from benchmark_data import produce  # noqa: E402
 import profiling  # noqa: E402
 
@@ -90,7 +107,8 @@ def random_offsets(rng: random.Random, per_partition: int) -> list[int]:
     return [rng.randrange(per_partition) for _ in range(PARTITIONS)]
 
 
-async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random) -> None:
+async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
+                    done: collections.Counter[str]) -> None:
     """Sends Fetch requests for remote offsets and never reads a response."""
     _, writer = await proxy.login()
     correlation_id = 10
@@ -98,6 +116,7 @@ async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.
         while not stop.is_set():
             writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
             correlation_id += 1
+            done["Fetches pipelined"] += 1
             try:
                 await asyncio.wait_for(writer.drain(), 0.5)
             except TimeoutError:
@@ -106,7 +125,8 @@ async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.
         writer.transport.abort()
 
 
-async def read_response(reader: asyncio.StreamReader, rate: float | None, most: int | None = None) -> None:
+async def read_response(reader: asyncio.StreamReader, rate: float | None, most: int | None = None,
+                        done: collections.Counter[str] | None = None) -> None:
     """One response frame, at `rate` bytes/s (None: at once); only `most` bytes of it if given."""
     size = struct.unpack(">i", await reader.readexactly(4))[0]
     left = size if most is None else min(size, most)
@@ -115,12 +135,14 @@ async def read_response(reader: asyncio.StreamReader, rate: float | None, most: 
         n = min(piece, left)
         await reader.readexactly(n)
         left -= n
+        if done is not None:
+            done["bytes read slowly"] += n
         if rate is not None:
             await asyncio.sleep(n / rate)
 
 
 async def slow_reader(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
-                      rate: float) -> None:
+                      rate: float, done: collections.Counter[str]) -> None:
     """Reads its Fetch responses at `rate` bytes/s, one Fetch at a time."""
     reader, writer = await proxy.login()
     correlation_id = 10
@@ -128,16 +150,16 @@ async def slow_reader(proxy: Proxy, topic: str, per_partition: int, stop: asynci
         while not stop.is_set():
             writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
             correlation_id += 1
-            await read_response(reader, rate)
+            await read_response(reader, rate, done=done)
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
         writer.transport.abort()
 
 
-async def resetter(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random) -> int:
+async def resetter(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
+                   done: collections.Counter[str]) -> None:
     """Sends a Fetch, reads 64 KiB of the response, resets the connection; in a loop."""
-    resets = 0
     while not stop.is_set():
         reader, writer = await proxy.login()
         try:
@@ -147,22 +169,69 @@ async def resetter(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.E
             pass
         finally:
             writer.transport.abort()  # a reset: RST, not FIN
-            resets += 1
-    return resets
+            done["resets"] += 1
 
 
 async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
-                  rng: random.Random) -> None:
+                  rng: random.Random) -> collections.Counter[str]:
+    """The hostile clients for `seconds`; what they did (the load they made)."""
+    done: collections.Counter[str] = collections.Counter()
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(seconds, stop.set)
-    clients = [pipeliner(proxy, topic, per_partition, stop, rng) for _ in range(args.pipeliners)]
-    clients += [slow_reader(proxy, topic, per_partition, stop, rng, args.slow_kbps * 1000) for _ in range(args.slow)]
-    clients += [resetter(proxy, topic, per_partition, stop, rng) for _ in range(args.resetters)]
+    clients = [pipeliner(proxy, topic, per_partition, stop, rng, done) for _ in range(args.pipeliners)]
+    clients += [slow_reader(proxy, topic, per_partition, stop, rng, args.slow_kbps * 1000, done)
+                for _ in range(args.slow)]
+    clients += [resetter(proxy, topic, per_partition, stop, rng, done) for _ in range(args.resetters)]
     tasks = [asyncio.create_task(client) for client in clients]
     await stop.wait()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    return done
+
+
+def hostile_process(host: str, port: int, topic: str, per_partition: int, seconds: float,
+                    args: argparse.Namespace, seed: int,
+                    report: "multiprocessing.Queue[tuple[float, dict[str, int]]]") -> None:
+    """The hostile clients for `seconds`, in a process of their own at `args.hostile_nice`;
+    puts the CPU seconds they used and what they did on `report`."""
+    os.nice(args.hostile_nice)
+    done = asyncio.run(hostile(Proxy(host, port), topic, per_partition, seconds, args, random.Random(seed)))
+    report.put((own_cpu_seconds(), dict(done)))
+
+
+def run_hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
+                seed: int) -> tuple[float, dict[str, int]]:
+    """One hostile phase in a child process; the CPU seconds its clients used, and what they did."""
+    context = multiprocessing.get_context("spawn")  # not fork: this process runs the consumers' threads
+    report: multiprocessing.Queue[tuple[float, dict[str, int]]] = context.Queue()
+    child = context.Process(target=hostile_process,
+                            args=(proxy.host, proxy.port, topic, per_partition, seconds, args, seed, report))
+    child.start()
+    try:
+        return report.get(timeout=seconds + 120)
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+
+
+def read_errors_by_reason(metrics_port: int) -> collections.Counter[str]:
+    """The proxy's failed remote reads so far (all clients'), by reason."""
+    import urllib.request
+
+    errors: collections.Counter[str] = collections.Counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("tierproxy_remote_read_errors_total{"):
+                reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                errors[reason] += int(float(line.rsplit(" ", 1)[1]))
+    return errors
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --- the honest consumers ----------------------------------------------------------------
@@ -241,6 +310,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         stop = threading.Event()
         hostile_on = threading.Event()
         worst = [0.0]
+        hostile_cpu_seconds: list[tuple[float, float, float]] = []
+        alone_cpu_seconds: list[tuple[float, float, float]] = []
+        proxy_per_record: list[tuple[bool, float]] = []
         threads = [threading.Thread(target=honest_consumer, args=(i, proxy_info["bootstrap"], topic, per_partition,
                                                                   state, stop)) for i in range(args.honest)]
         threads.append(threading.Thread(target=gap_watch, args=(state, stop, hostile_on, worst)))
@@ -249,6 +321,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         rng = random.Random(args.seed)
         time.sleep(args.warmup)
         before = proxy_counters(metrics_port, COUNTERS)
+        errors_before = read_errors_by_reason(metrics_port)
         held_peak = 0.0
         try:
             for phase in range(2 * args.rounds + 1):  # alone first and last: every hostile phase between two
@@ -256,6 +329,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 with state.lock:
                     records, started = state.records, time.monotonic()
                     state.last_record = [started] * args.honest
+                proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
                 if with_hostile:
                     hostile_on.set()
                     peak: list[float] = [0.0]
@@ -263,28 +337,43 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     watcher.start()
                     raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase == 1 else None
                     with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
-                        asyncio.run(hostile(proxy, topic, max(per_partition.values()), args.phase, args, rng))
+                        hostile_cpu, done = run_hostile(proxy, topic, max(per_partition.values()), args.phase,
+                                                          args, rng.randrange(1 << 30))
+                else:
+                    hostile_cpu, done = 0.0, {}
+                    time.sleep(args.phase)
+                cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu)
+                with state.lock:
+                    phase_records = state.records - records
+                    rate = phase_records / (time.monotonic() - started)
+                (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
+                (beside if with_hostile else alone).append(rate)
+                # The proxy's CPU per honest record: what hostile clients add to it is the
+                # proxy's work for them.
+                proxy_per_record.append((with_hostile, cpu[1] / max(phase_records, 1)))
+                if with_hostile:
                     if raw:
                         print(profiling.format_summary(*profiling.summarize(raw), top=15), flush=True)
                     hostile_on.clear()
                     watcher.join()
                     held_peak = max(held_peak, peak[0])
-                else:
-                    time.sleep(args.phase)
-                with state.lock:
-                    rate = (state.records - records) / (time.monotonic() - started)
-                (beside if with_hostile else alone).append(rate)
+                cpu_note = (f" ({', '.join(f'{n:,} {what}' for what, n in sorted(done.items()))}; CPU s: "
+                            f"hostile clients {cpu[0]:.1f}, proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
+                            ) if with_hostile else f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
-                      f"{rate:,.0f} records/s", flush=True)
+                      f"{rate:,.0f} records/s{cpu_note}", flush=True)
         finally:
             stop.set()
             for thread in threads:
                 thread.join(120)
         after = proxy_counters(metrics_port, COUNTERS)
+        read_errors = read_errors_by_reason(metrics_port) - errors_before
     return {"alone": alone, "beside": beside, "wrong": state.wrong, "errors": state.errors,
             "replays": state.replays,
             "expired": after["expired"] - before["expired"], "reads": after["reads"] - before["reads"],
-            "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0]}
+            "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0],
+            "cpu": hostile_cpu_seconds, "alone_cpu": alone_cpu_seconds, "read_errors": read_errors,
+            "proxy_per_record": proxy_per_record}
 
 
 def _held_watch(metrics_port: int, on: threading.Event, peak: list[float]) -> None:
@@ -308,6 +397,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="(alone, hostile) pairs per setting")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--hostile-nice", type=int, default=0,
+                        help="niceness of the hostile clients' process (19: the proxy's fairness alone)")
     parser.add_argument("--profile", action="store_true", help="py-spy the proxy in the first hostile phase")
     args = parser.parse_args()
 
@@ -343,7 +434,8 @@ def main() -> int:
 
     print(f"\n# fairness run {datetime.date.today()}: {args.mb} MB remote, {args.honest} honest consumers; "
           f"hostile: {args.pipeliners} pipelining non-readers, {args.slow} at {args.slow_kbps:g} KB/s, "
-          f"{args.resetters} resetting; {args.rounds} x ({args.phase:g} s alone, {args.phase:g} s hostile)\n")
+          f"{args.resetters} resetting (nice {args.hostile_nice}); {args.rounds} x ({args.phase:g} s alone, "
+          f"{args.phase:g} s hostile)\n")
     print("| workers | honest records/s alone | beside hostile | ratio | per round | longest honest gap (hostile) "
           "| remote reads (expired) | honest partition errors | stalled chunk bytes held, peak "
           "| copied for stalled |")
@@ -360,6 +452,16 @@ def main() -> int:
               f"| {per_round} | {r['gap']:.1f} s "
               f"| {r['reads']:,.0f} ({r['expired']:,.0f}) | {len(r['errors'])} | {r['held_peak'] / MIB:.1f} MiB "
               f"| {r['copied'] / MIB:.1f} MiB |")
+        cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(3)]
+        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(3)]
+        per_record = {h: statistics.median(x for w, x in r["proxy_per_record"] if w == h) * 1e6 for h in (False, True)}
+        print(f"  {workers} worker(s), CPU cores used in the hostile phases: hostile clients {cpu[0]:.2f}, "
+              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}; alone: proxy {alone_cpu[1]:.2f}, honest "
+              f"consumers {alone_cpu[2]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
+              f"beside hostile {per_record[True]:.1f}")
+        if r["read_errors"]:
+            print(f"  {workers} worker(s), failed remote reads (all clients') by reason: "
+                  + ", ".join(f"{reason} {n:,}" for reason, n in sorted(r["read_errors"].items())))
         if r["wrong"]:
             ok = False
             print(f"  {workers} worker(s): WRONG records: {r['wrong'][:5]}")

@@ -112,7 +112,7 @@ class RemoteReadEngine:
         most remote.fetch.max.wait.ms. The outcome holds the result, the error (ReaderQueueFull
         included), or `expired`."""
         return await self.pool.read(lambda: self.reader.read(tp, fetch_offset, max_bytes, **options),
-                                    timeout=self.fetch_max_wait_s, topic=tp.topic)
+                                    timeout=self.fetch_max_wait_s, topic=tp.topic, cost=max_bytes)
 
     # ------------------------------------------------------------------ ListOffsets
 

@@ -68,7 +68,7 @@ from tierproxy.storage.rsm import RemoteStorageManager
 from .failures import Cause, cause_of
 from .metrics import RemoteMetrics
 from .read_ahead import ReadAhead
-from .reader_pool import owner_reads_ahead
+from .reader_pool import owner_read, owner_reads_ahead, owner_reads_on
 from .segments import NO_LEADER_EPOCH, RemoteLogSegments, epoch_at
 from .throttled_log import ThrottledLog
 from .transactions import collect_aborted
@@ -210,17 +210,20 @@ class RemoteLogReader:
             return RemoteReadResult([], 0, fetch_offset, -1 if log_start is None else log_start,
                                     offset_out_of_range=True)
         assert log_start is not None  # a segment is looked for only from the log start on
+        # Chunks beyond what this read reads are loaded ahead only for a sequential reader.
+        sequential = owner_reads_on(tp, fetch_offset)
         while True:
-            read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch)
+            read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch, sequential)
             if read.found:
                 break
             following = self.segments.following(segment, leader_epoch)
             if following is None:
                 break
             segment = following
-        if read.records and owner_reads_ahead():
+        if read.records and sequential and owner_reads_ahead():
             self._read_ahead_following(segment, read.next_position, leader_epoch)
         next_offset = fetch_offset if read.last_offset is None else read.last_offset + 1
+        owner_read(tp, fetch_offset, next_offset)
         aborted, complete = None, True
         if isolation_level == IsolationLevel.READ_COMMITTED:
             aborted, complete = ([], True) if read.last_offset is None else await self.aborted_transactions(
@@ -228,7 +231,8 @@ class RemoteLogReader:
         return RemoteReadResult(read.records, read.size, next_offset, log_start, aborted, complete, segment=segment)
 
     async def _read_segment(
-        self, segment: RemoteLogSegmentMetadata, fetch_offset: int, max_bytes: int, min_one_batch: bool
+        self, segment: RemoteLogSegmentMetadata, fetch_offset: int, max_bytes: int, min_one_batch: bool,
+        sequential: bool = True,
     ) -> _SegmentRead:
         records: list[memoryview] = []
         size = 0
@@ -236,8 +240,11 @@ class RemoteLogReader:
         found = False
         with self._corruption_of(segment):
             position = (await self.index_cache.offset_index(segment)).lookup(fetch_offset).position
+            # Not sequential: its own chunks load alongside each other, none beyond them.
+            last_chunk = None if sequential else (position + max(max_bytes, 1) - 1) // self.chunk_cache.chunk_size
             async with contextlib.aclosing(self._batches(segment, position, fetch_offset,
-                                                         read_ahead=owner_reads_ahead())) as batches:
+                                                         read_ahead=owner_reads_ahead(),
+                                                         read_ahead_to=last_chunk)) as batches:
                 try:
                     async for batch in batches:
                         header = batch.header
@@ -373,8 +380,11 @@ class RemoteLogReader:
                     yield batch
 
     async def _batches(
-        self, segment: RemoteLogSegmentMetadata, position: int, from_offset: int, *, read_ahead: bool
+        self, segment: RemoteLogSegmentMetadata, position: int, from_offset: int, *, read_ahead: bool,
+        read_ahead_to: int | None = None,
     ) -> AsyncGenerator[Batch, None]:
+        """With `read_ahead`, chunks load ahead of the one read, up to chunk `read_ahead_to`
+        if given."""
         blocks_checked = await self._store_checks_blocks(segment)
         cache = self.chunk_cache
         first = position // cache.chunk_size
@@ -388,7 +398,9 @@ class RemoteLogReader:
         async def chunks() -> AsyncGenerator[bytes | memoryview, None]:
             for index in range(first, cache.chunk_count(segment)):
                 if read_ahead:  # before waiting on a miss: the next chunks load alongside this one
-                    cache.prefetch(segment, index + 1, self.read_ahead.chunks(cache.chunk_size))
+                    ahead = self.read_ahead.chunks(cache.chunk_size)
+                    cache.prefetch(segment, index + 1, ahead if read_ahead_to is None else
+                                   min(ahead, read_ahead_to - index))
                 try:
                     chunk = await cache.get(segment, index, read_ahead=False, leases=window)
                 except CorruptChunk as e:

@@ -13,16 +13,34 @@ error) and the task is cancelled the way Kafka's `DelayedRemoteFetch` does it
 (`cancel(false)`): a read still waiting for a reader never starts; a read already
 running is not interrupted. It completes in the background and warms the caches,
 and since it keeps its reader until then, such reads are bounded by `threads`
-like any other; its result is dropped. Nothing is left half done: no cache ever
-holds a partial chunk or index, whatever is cancelled when.
+like any other; its result is dropped. A caller that is itself cancelled (its client
+connection closed: nobody will read the answer) takes its read with it, waiting or
+running: a running one stops at its next wait, a chunk or index load in flight, which
+goes on for the caches and for any other reader of it, and its reader goes to the next
+read at once, not after the rest of a read of up to `remote.fetch.max.bytes`. Nothing
+is left half done: no cache ever holds a partial chunk or index, whatever is cancelled
+when.
 
 Waiting reads take turns by owner (`read_owner`: the client connection a read is for),
-round robin, not first come first served: fifty connections that pipeline Fetches get one
-turn each, as one honest consumer does, not fifty times their partitions. An owner whose
-responses are not being read (`ReadOwner.stalled`) waits behind every other owner. When the
-queue is full, a stalled owner, or else the one with the most reads waiting, gives up its
-newest read to a submitter that is not stalled or has fewer (ReaderQueueFull for that
-read), so the bound holds without refusing the connections that queue little.
+not first come first served: fifty connections that pipeline Fetches get one turn each, as
+one honest consumer does, not fifty times their partitions. Turns are weighed by the bytes
+a read may return (its `cost`), as start-time fair queuing does: each read is tagged when
+it is submitted with its owner's bytes so far, counted from the tag of the read started
+last, and the waiting read with the lowest tag starts next. So a connection reading one
+partition of 4 MiB per Fetch gets a read of 1 MiB for each of a consumer's four partitions
+of 1 MiB in between, not four times the consumer's bytes; with equal costs this is round
+robin. An owner whose responses are not being read (`ReadOwner.stalled`) waits behind every
+other owner. When the queue is full, a stalled owner, or else the one with the most bytes
+waiting, gives up its newest read to a submitter that is not stalled or has fewer bytes
+waiting (ReaderQueueFull for that read), so the bound holds without refusing the
+connections that queue little.
+
+Chunks are loaded ahead of a read (beyond what it reads itself) only for an owner that reads
+a partition sequentially (`owner_reads_on`): its read starts where its last read of that
+partition ended, or where that one started (the same fetch again). A connection that fetches
+at offsets of its own choosing (a first fetch, a seek, or a client that reads at random
+places and resets) would only fill the chunk cache with chunks nobody reads, in the place
+of those that sequential readers are about to read.
 """
 
 from __future__ import annotations
@@ -32,7 +50,8 @@ import collections
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -42,7 +61,8 @@ from .metrics import RemoteMetrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ("ReadOwner", "ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool", "owner_reads_ahead", "read_owner")
+__all__ = ("ReadOwner", "ReaderQueueFull", "ReadOutcome", "RemoteLogReaderPool", "owner_read", "owner_reads_ahead",
+           "owner_reads_on", "read_owner")
 
 T = TypeVar("T")
 
@@ -75,11 +95,41 @@ def owner_reads_ahead() -> bool:
     return not _stalled(_OWNER.get())
 
 
+# Per owner, per partition: the offsets its last read of it started at and ended before.
+_LAST_READ: weakref.WeakKeyDictionary[ReadOwner, dict[Hashable, tuple[int, int]]] = weakref.WeakKeyDictionary()
+
+
+def owner_reads_on(partition: Hashable, offset: int) -> bool:
+    """Whether the read of `partition` from `offset` running in this context continues the
+    owner's last read of it (starts where that ended, or where it started), so that chunks
+    beyond it are worth loading ahead; always, for a read that is no client's."""
+    owner = _OWNER.get()
+    if owner is None:
+        return True
+    last = _LAST_READ.get(owner, {}).get(partition)
+    return last is not None and last[0] <= offset <= last[1]
+
+
+def owner_read(partition: Hashable, offset: int, next_offset: int) -> None:
+    """The read running in this context read `partition` from `offset` up to `next_offset`."""
+    owner = _OWNER.get()
+    if owner is not None:
+        _LAST_READ.setdefault(owner, {})[partition] = (offset, next_offset)
+
+
 def _stalled(owner: ReadOwner | None) -> bool:
     return owner is not None and owner.stalled
 
 
-_Entry = tuple[Callable[[], Awaitable[object]], "asyncio.Future[ReadOutcome]", contextvars.Context]
+@dataclass(eq=False, slots=True)
+class _Entry:
+    """A waiting read."""
+
+    read: Callable[[], Awaitable[object]]
+    future: asyncio.Future[ReadOutcome]
+    context: contextvars.Context
+    cost: int
+    tag: float  # its start tag: the lowest starts next
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +150,15 @@ class RemoteLogReaderPool:
         self.max_pending_tasks = max_pending_tasks
         self.metrics = metrics if metrics is not None else RemoteMetrics()
         self._running = 0
-        # Waiting reads by owner; the owners in turn order (the next to start first).
+        # Waiting reads by owner, each owner's in the order submitted.
         self._pending: dict[ReadOwner | None, collections.deque[_Entry]] = {}
+        # Start-time fair queuing: the tag of the read started last, and each owner's tag
+        # after its reads so far (its last read's tag plus its cost).
+        self._virtual_time = 0.0
+        self._finish: dict[ReadOwner | None, float] = {}
         self._waiting = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The running reads' tasks, by the future their caller waits on.
+        self._tasks: dict[asyncio.Future[ReadOutcome], asyncio.Task[None]] = {}
         self._closed = False
         self.metrics.reader_queue_size.set_function(lambda: self._waiting)
         self.metrics.reader_avg_idle.set_function(self.idle_ratio)
@@ -126,8 +181,9 @@ class RemoteLogReaderPool:
         """Share of readers idle now (RemoteLogReaderAvgIdlePercent: 1 - active / threads)."""
         return 1.0 - self._running / self.threads
 
-    def submit(self, read: Callable[[], Awaitable[T]]) -> asyncio.Future[ReadOutcome[T]]:
+    def submit(self, read: Callable[[], Awaitable[T]], cost: int = 1) -> asyncio.Future[ReadOutcome[T]]:
         """Run `read()` on a reader now or when one frees up; raises ReaderQueueFull when full.
+        `cost` weighs its owner's turns: the bytes it may return.
 
         The future resolves to a ReadOutcome, never to an exception. Cancelling it
         before the read started means the read never starts.
@@ -138,39 +194,52 @@ class RemoteLogReaderPool:
         # The read runs in the submitter's context, whenever it starts: what it reads is
         # leased to the submitter's response (cache.chunk_buffers.current_leases).
         context = contextvars.copy_context()
+        owner = _OWNER.get()
         if self._running < self.threads:
+            self._virtual_time = self._tag(owner, cost)
             self._launch(read, future, context)
             return future
-        owner = _OWNER.get()
         if self._waiting >= self.max_pending_tasks and not self._push_out(owner):
             raise ReaderQueueFull(
                 f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting"
             )
         self._account()
-        entry: _Entry = (read, future, context)
+        entry = _Entry(read, future, context, cost, self._tag(owner, cost))
         self._pending.setdefault(owner, collections.deque()).append(entry)
         self._waiting += 1
         future.add_done_callback(lambda _f: self._unqueue(owner, entry))
         return future
 
+    def _tag(self, owner: ReadOwner | None, cost: int) -> float:
+        """The start tag of `owner`'s next read of `cost`, its bytes counted."""
+        tag = max(self._virtual_time, self._finish.get(owner, 0.0))
+        self._finish[owner] = tag + max(cost, 1)
+        if len(self._finish) > 2 * len(self._pending) + self.threads + 64:  # forget owners long served
+            self._finish = {o: f for o, f in self._finish.items() if f > self._virtual_time or o in self._pending}
+        return tag
+
     def _push_out(self, owner: ReadOwner | None) -> bool:
-        """The queue is full: refuse the newest read of the owner with the most waiting
+        """The queue is full: refuse the newest read of the owner with the most bytes waiting
         (a stalled owner's first), if it has more than `owner`; whether one was refused."""
-        mine = len(self._pending.get(owner, ()))
-        hog = max(self._pending, key=lambda o: (_stalled(o), len(self._pending[o])))
-        if hog is owner or not (len(self._pending[hog]) > mine or _stalled(hog) and not _stalled(owner)):
+        def waiting(o: ReadOwner | None) -> int:
+            return sum(entry.cost for entry in self._pending.get(o, ()))
+
+        hog = max(self._pending, key=lambda o: (_stalled(o), waiting(o)))
+        if hog is owner or not (waiting(hog) > waiting(owner) or _stalled(hog) and not _stalled(owner)):
             return False
         entry = self._pending[hog][-1]
         self._remove(hog, entry)
-        future = entry[1]
+        future = entry.future
         if not future.done():
             future.set_result(ReadOutcome(error=ReaderQueueFull(
                 f"{self.threads} remote log readers busy and {self.max_pending_tasks} reads waiting; "
                 "this read gave its place to a connection with fewer")))
         return True
 
-    async def read(self, read: Callable[[], Awaitable[T]], *, timeout: float | None, topic: str = "") -> ReadOutcome[T]:
-        """Submit and wait at most `timeout` seconds (remote.fetch.max.wait.ms); never raises for the read.
+    async def read(self, read: Callable[[], Awaitable[T]], *, timeout: float | None, topic: str = "",
+                   cost: int = 1) -> ReadOutcome[T]:
+        """Submit (with `cost`, see `submit`) and wait at most `timeout` seconds
+        (remote.fetch.max.wait.ms); never raises for the read.
 
         A full queue gives `ReadOutcome(error=ReaderQueueFull)`, a wait that runs out
         `ReadOutcome(expired=True)`; both are counted for `topic`.
@@ -183,7 +252,7 @@ class RemoteLogReaderPool:
                 return await read()
 
         try:
-            future = self.submit(within_the_wait)
+            future = self.submit(within_the_wait, cost)
         except ReaderQueueFull as e:
             self.metrics.read_error(topic, Cause.QUEUE_FULL)
             self._observe("queue_full", submitted)
@@ -204,6 +273,9 @@ class RemoteLogReaderPool:
             task = asyncio.current_task()
             if not expired or (task is not None and task.cancelling()):  # the caller itself is cancelled
                 self._give_up(future)
+                running = self._tasks.get(future)
+                if running is not None:  # nobody will read what it reads
+                    running.cancel()
                 raise
             self.metrics.fetch_expired.labels(topic).inc()
             self._observe("expired", submitted)
@@ -229,9 +301,9 @@ class RemoteLogReaderPool:
             self._ticker.cancel()
         pending, self._pending, self._waiting = self._pending, {}, 0
         for entries in pending.values():
-            for _, future, _ in entries:
-                future.cancel()
-        tasks = list(self._tasks)
+            for entry in entries:
+                entry.future.cancel()
+        tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -246,8 +318,8 @@ class RemoteLogReaderPool:
         if self._ticker is None:
             self._ticker = loop.call_later(ACCOUNT_INTERVAL_S, self._tick)
         task = loop.create_task(self._run(read, future), context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[future] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(future, None))
 
     async def _run(self, read: Callable[[], Awaitable[object]], future: asyncio.Future[ReadOutcome]) -> None:
         try:
@@ -270,28 +342,31 @@ class RemoteLogReaderPool:
     def _start_waiting(self) -> None:
         while self._pending and self._running < self.threads and not self._closed:
             owner = self._next_owner()
-            entries = self._pending.pop(owner)
+            entries = self._pending[owner]
             self._account()
-            read, future, context = entries.popleft()
+            entry = entries.popleft()
             self._waiting -= 1
-            if entries:
-                self._pending[owner] = entries  # its next read waits for its next turn
-            if not future.done():
-                self._launch(read, future, context)
+            if not entries:
+                del self._pending[owner]
+            self._virtual_time = max(self._virtual_time, entry.tag)
+            if not entry.future.done():
+                self._launch(entry.read, entry.future, entry.context)
 
     def _next_owner(self) -> ReadOwner | None:
-        """The first owner in turn that is not stalled; all stalled, the first."""
-        for owner in self._pending:
-            if not _stalled(owner):
-                return owner
-        return next(iter(self._pending))
+        """The owner whose next read has the lowest tag, of those not stalled; all stalled,
+        of all (the first submitted of equal tags)."""
+        def tag(o: ReadOwner | None) -> float:
+            return self._pending[o][0].tag
+
+        not_stalled = [o for o in self._pending if not _stalled(o)]
+        return min(not_stalled or self._pending, key=tag)
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""
         future.cancel()
         for owner, entries in self._pending.items():
             for entry in entries:
-                if entry[1] is future:
+                if entry.future is future:
                     self._remove(owner, entry)
                     return
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ import pytest
 
 from tierproxy.cache.chunk_buffers import ChunkLeases, response_leases
 from tierproxy.cache.chunk_cache import ChunkCacheFull
-from tierproxy.remote_log.reader_pool import RemoteLogReaderPool
+from tierproxy.remote_log.reader_pool import RemoteLogReaderPool, read_owner
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
@@ -418,6 +419,64 @@ async def test_read_ahead_carries_on_into_the_next_segment(tmp_path: Path) -> No
         assert metrics.value("tierproxy_cache_misses_total", {"cache": "chunk"}) <= 2
         assert [t for _, t in counting.index_reads] == [IndexType.OFFSET] * 5  # each index once
         assert len(counting.range_reads) == len(set(counting.range_reads))  # each chunk once
+        await close(reader)
+
+
+class _Connection:
+    """The client connection reads are for (`reader_pool.read_owner`), reading its responses."""
+
+    stalled = False
+
+
+async def test_only_a_sequential_reader_loads_chunks_beyond_its_read(tmp_path: Path) -> None:
+    """A connection that fetches where it likes (a first fetch, a seek, a client resetting
+    at random offsets) loads the chunks of its own read, alongside each other, and none
+    beyond: those would take the chunk cache from readers that read on. Its next read from
+    where the last one ended loads ahead."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=90)
+        counting = CountingRSM(rsm)
+        reader = make_reader(counting, rlmm, chunk_size=1000, read_ahead=2)
+        cache = reader.chunk_cache
+        assert cache.chunk_count(partition.segments[0]) >= 12
+
+        async def settle() -> None:
+            for _ in range(500):
+                if cache.reserved_bytes == 0 and not any(cache._flight.in_flight(k) for k in list(cache._flight._tasks)):
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError("prefetches still in flight")
+
+        def chunks_read() -> set[int]:
+            return {start // 1000 for _, start, _ in counting.range_reads}
+
+        async def read_as(connection: _Connection, offset: int, max_bytes: int):  # type: ignore[no-untyped-def]
+            async def read():  # type: ignore[no-untyped-def]
+                read_owner(connection)
+                return await reader.read(partition.tp, offset, max_bytes, min_one_batch=True)
+            result = await asyncio.create_task(read(), context=contextvars.copy_context())
+            await settle()
+            return result
+
+        def end_of(offset: int) -> int:
+            """The position in the segment's `.log` where the batches before `offset` end."""
+            return sum(len(b.data) for b in partition.batches if b.last_offset < offset)
+
+        connection = _Connection()
+        middle = partition.batches[len(partition.batches) // 2].base_offset
+        first = await read_as(connection, middle, 2500)  # its own chunks: about three
+        assert max(chunks_read()) <= (end_of(middle) + 2500 - 1) // 1000
+        second = await read_as(connection, first.next_fetch_offset, 2500)  # reads on: two chunks ahead
+        assert max(chunks_read()) >= (end_of(second.next_fetch_offset) - 1) // 1000 + 2
+        # Another connection at offsets of its own: nothing beyond its own chunks either.
+        counting.range_reads.clear()
+        await read_as(_Connection(), partition.log_start_offset, 500)
+        assert chunks_read() == {0}
+        # No connection (the pipeline's reads): read-ahead as always.
+        counting.range_reads.clear()
+        await reader.read(partition.tp, partition.batches[3].base_offset, 500, min_one_batch=True)
+        await settle()
+        assert len(chunks_read()) > 1
         await close(reader)
 
 

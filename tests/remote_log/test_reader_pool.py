@@ -119,13 +119,13 @@ class Owner:
         self.stalled = stalled
 
 
-def submit_for(pool: RemoteLogReaderPool, owner: Owner, read):  # type: ignore[no-untyped-def]
-    """`pool.submit(read)` in a context whose reads are `owner`'s."""
+def submit_for(pool: RemoteLogReaderPool, owner: Owner, read, cost: int = 1):  # type: ignore[no-untyped-def]
+    """`pool.submit(read, cost)` in a context whose reads are `owner`'s."""
     context = contextvars.copy_context()
 
     def submit():  # type: ignore[no-untyped-def]
         read_owner(owner)
-        return pool.submit(read)
+        return pool.submit(read, cost)
 
     return context.run(submit)
 
@@ -169,8 +169,9 @@ async def test_waiting_reads_take_turns_by_owner_not_by_arrival() -> None:
     futures += [submit_for(pool, honest, order.read(f"honest-{p}")) for p in range(4)]
     await run_one_at_a_time(pool, order, futures)
     started = order.started[1:]
-    # Round robin over the owners in the order they first queued: hog0, hog1, hog2, honest.
-    assert started[:8] == ["hog0-0", "hog1-0", "hog2-0", "honest-0", "hog0-1", "hog1-1", "hog2-1", "honest-1"]
+    # Round robin over the owners in the order they first queued, hog0's running read its
+    # first turn: hog1, hog2, honest, hog0.
+    assert started[:8] == ["hog1-0", "hog2-0", "honest-0", "hog0-0", "hog1-1", "hog2-1", "honest-1", "hog0-1"]
     assert sorted(started) == sorted(f"{o.name}-{p}" for o in [*hogs, honest] for p in range(4))
     await pool.close()
 
@@ -206,7 +207,38 @@ async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiti
     with pytest.raises(ReaderQueueFull):
         submit_for(pool, hog, order.read("hog-4"))
     await run_one_at_a_time(pool, order, [running, *queued[:-1], mine])
-    assert order.started[1:3] == ["hog-0", "honest-0"]
+    assert order.started[1:3] == ["honest-0", "hog-0"]  # the hog's running read was its turn
+    await pool.close()
+
+
+async def test_turns_are_weighed_by_the_bytes_a_read_may_return() -> None:
+    """A connection reading one partition of 4 MiB per Fetch against a consumer's four of
+    1 MiB: the consumer's reads get four turns for each of the other's, not one, so that
+    neither gets more bytes read than the other for its turns."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=100)
+    order = Order()
+    big, small = Owner("big"), Owner("small")
+    futures = [submit_for(pool, Owner("other"), order.read("running"))]
+    futures += [submit_for(pool, big, order.read(f"big-{i}"), cost=4) for i in range(3)]
+    futures += [submit_for(pool, small, order.read(f"small-{i}"), cost=1) for i in range(8)]
+    await run_one_at_a_time(pool, order, futures)
+    assert order.started[1:7] == ["big-0", "small-0", "small-1", "small-2", "small-3", "big-1"]
+    await pool.close()
+
+
+async def test_a_full_queue_refuses_the_owner_with_the_most_bytes_waiting() -> None:
+    """A consumer that queued three reads of 1 MiB has fewer bytes waiting than a connection
+    with one of 4 MiB: that one gives up its place, not the consumer's fourth partition."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=4)
+    order = Order()
+    big, small = Owner("big"), Owner("small")
+    running = submit_for(pool, big, order.read("running"), cost=4)
+    big_read = submit_for(pool, big, order.read("big-0"), cost=4)
+    small_reads = [submit_for(pool, small, order.read(f"small-{i}"), cost=1) for i in range(4)]
+    pushed_out = await asyncio.wait_for(big_read, 1)
+    assert isinstance(pushed_out.error, ReaderQueueFull)
+    await run_one_at_a_time(pool, order, [running, *small_reads])
+    assert order.started[1:] == [f"small-{i}" for i in range(4)]
     await pool.close()
 
 
@@ -285,6 +317,29 @@ async def test_a_caller_cancelled_while_reading_is_cancelled_not_expired() -> No
         await caller
     assert metrics.value("tierproxy_remote_fetch_expired_total", {"topic": ""}) == 0
     gate.release.set()
+    await pool.close()
+
+
+async def test_a_caller_cancelled_while_reading_takes_its_running_read_with_it() -> None:
+    """A client that resets the connection while its read runs: nobody will read what the
+    read reads, so it stops, and its reader goes to the next read in turn at once."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
+    gate, order = Gate(), Order()
+    caller = asyncio.create_task(pool.read(gate.read, timeout=10))
+    await asyncio.sleep(0.01)
+    next_in_turn = pool.submit(order.read("next"))
+    assert gate.running == 1 and pool.queue_size == 1
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    for _ in range(100):
+        if order.started:
+            break
+        await asyncio.sleep(0.005)
+    assert order.started == ["next"] and gate.running == 0 and gate.finished == 0
+    assert pool.active == 1 and pool.queue_size == 0
+    order.release.set()
+    assert (await asyncio.wait_for(next_in_turn, 1)).value == "next"
     await pool.close()
 
 
