@@ -484,16 +484,32 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
         object_type = ObjectType.of_index(index_type)
+        key = self._key(metadata, object_type)
+        # A cold segment's index is asked for beside its manifest, not a round trip after it;
+        # the manifest then decides whether its bytes are the index (checked as ever).
+        early: asyncio.Task[bytes] | None = None
+        if metadata.segment_id not in self._manifests and not (
+                index_type is IndexType.TRANSACTION and metadata.txn_index_empty):
+            early = asyncio.ensure_future(self._get_bytes(key))
+        try:
+            return await self._checked_index(metadata, index_type, key, early)
+        finally:
+            if early is not None:
+                early.cancel()  # not needed after all (or the read failed before it)
+                early.add_done_callback(_retrieved)
+
+    async def _checked_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType, key: str,
+                             early: asyncio.Task[bytes] | None) -> bytes:
+        object_type = ObjectType.of_index(index_type)
         manifest = await self._manifest(metadata)
         entry = manifest.entry(object_type.value)
         if entry is None:
             raise RemoteResourceNotFound(
                 f"segment {metadata.segment_id.id} was copied without a {index_type.name} index"
             )
-        key = self._key(metadata, object_type)
         try:
             sealed = self._object_cipher(manifest, metadata, object_type)
-            data = await self._get_bytes(key)
+            data = await (early if early is not None else self._get_bytes(key))
             if sealed is not None:
                 if len(data) != sealed.stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {len(data)}, manifest says {sealed.stored_size}")
@@ -645,6 +661,12 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             async for chunk in chunks:
                 crc.update(chunk)
         return crc.entry()
+
+
+def _retrieved(task: asyncio.Task[bytes]) -> None:
+    """A task whose result nobody waits for any more: its error is not one to report."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry, first: int,

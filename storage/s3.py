@@ -522,7 +522,8 @@ async def _body_into(readchunk: Callable[[], Awaitable[tuple[bytes, bool]]], int
             filled = end
 
 
-async def _ranged_body_into(body: RangedBody, into: Sequence[memoryview], where: str) -> AsyncGenerator[memoryview, None]:
+async def _ranged_body_into(body: RangedBody, into: Sequence[memoryview],
+                            where: str) -> AsyncGenerator[memoryview, None]:
     """The body read into the buffers of `into` in turn, each yielded once it is full."""
     for target in into:
         try:
