@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -162,21 +163,32 @@ async def read_run(rsm: RemoteStorageManager, metadata: RemoteLogSegmentMetadata
     return filled, None
 
 
+@contextlib.asynccontextmanager
+async def relayed_copy(server: S3Server, segment: Any, *, cut_after: int | None = None,
+                       pace: tuple[int, float] | None = None,
+                       **options: object) -> AsyncIterator[tuple[ResponseRelay, S3RemoteStorageManager]]:
+    """`segment` copied to `server`, and a manager (with `options`) reading it through a
+    ResponseRelay (`cut_after`, `pace`), its manifest already cached: its reads are the log's."""
+    async with manager(server) as direct:
+        await direct.copy_log_segment_data(segment.metadata, segment.data)
+        with ResponseRelay(server.endpoint_url, cut_after=cut_after, pace=pace) as relay:
+            async with manager(server, endpoint_url=relay.endpoint_url, **options) as relayed:
+                relayed.prefix = direct.prefix
+                relayed._manifests[segment.metadata.segment_id] = await direct.fetch_manifest(segment.metadata)
+                yield relay, relayed
+
+
 async def assert_cut_body_fails_only_what_it_did_not_fill(server: S3Server, segment: Any) -> None:
     """`segment` (rsm_contract.make_segment's, 3 MiB or more of log) copied, then read through a
     connection cut after 1.5 MiB of a 3 MiB run's body: the first 1 MiB buffer is read
     and good, the next fails with a retriable error (a connection failure, not corruption),
     and the broken connection is not reused: the next read gets a new one and succeeds."""
-    async with manager(server) as direct:
-        await direct.copy_log_segment_data(segment.metadata, segment.data)
-        with ResponseRelay(server.endpoint_url, cut_after=MIB + MIB // 2) as relay:
-            async with manager(server, endpoint_url=relay.endpoint_url) as relayed:
-                relayed.prefix = direct.prefix
-                filled, error = await read_run(relayed, segment.metadata, 0, [MIB] * 3)
-                assert filled == [segment.log[:MIB]]
-                assert isinstance(error, RemoteStorageError) and error.retriable
-                assert not isinstance(error, CorruptRemoteSegment), error
-                assert relay.cuts == 1
-                buffer = memoryview(bytearray(MIB))
-                await relayed.read_log_into(segment.metadata, MIB, buffer)
-                assert bytes(buffer) == segment.log[MIB:2 * MIB]
+    async with relayed_copy(server, segment, cut_after=MIB + MIB // 2) as (relay, relayed):
+        filled, error = await read_run(relayed, segment.metadata, 0, [MIB] * 3)
+        assert filled == [segment.log[:MIB]]
+        assert isinstance(error, RemoteStorageError) and error.retriable
+        assert not isinstance(error, CorruptRemoteSegment), error
+        assert relay.cuts == 1
+        buffer = memoryview(bytearray(MIB))
+        await relayed.read_log_into(segment.metadata, MIB, buffer)
+        assert bytes(buffer) == segment.log[MIB:2 * MIB]

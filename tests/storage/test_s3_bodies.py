@@ -14,7 +14,7 @@ from tierproxy.storage.s3 import MIB
 from tierproxy.storage.s3_bodies import Endpoint
 from testbed.s3 import S3Server
 
-from tests.helpers.s3 import ResponseRelay, assert_cut_body_fails_only_what_it_did_not_fill, manager, read_run
+from tests.helpers.s3 import assert_cut_body_fails_only_what_it_did_not_fill, manager, read_run, relayed_copy
 
 from .rsm_contract import make_segment
 
@@ -65,38 +65,28 @@ async def test_a_slow_body_is_read_whole_while_the_event_loop_runs(s3_server: S3
     """A body that comes 64 KiB at a time is read on its thread: the event loop goes on
     running meanwhile, and the buffer ends up with the right bytes."""
     segment = make_segment(tmp_path, log_size=2 * MIB)
-    async with manager(s3_server) as direct:
-        await direct.copy_log_segment_data(segment.metadata, segment.data)
-        with ResponseRelay(s3_server.endpoint_url, pace=(64 << 10, 0.01)) as relay:
-            async with manager(s3_server, endpoint_url=relay.endpoint_url) as relayed:
-                relayed.prefix = direct.prefix
-                await relayed.fetch_manifest(segment.metadata)
-                ticks = 0
+    async with relayed_copy(s3_server, segment, pace=(64 << 10, 0.01)) as (_, relayed):
+        ticks = 0
 
-                async def tick() -> None:
-                    nonlocal ticks
-                    while True:
-                        await asyncio.sleep(0.005)
-                        ticks += 1
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
 
-                ticker = asyncio.create_task(tick())
-                buffer = memoryview(bytearray(2 * MIB))
-                await relayed.read_log_into(segment.metadata, 0, buffer)
-                ticker.cancel()
+        ticker = asyncio.create_task(tick())
+        buffer = memoryview(bytearray(2 * MIB))
+        await relayed.read_log_into(segment.metadata, 0, buffer)
+        ticker.cancel()
     assert bytes(buffer) == segment.log
     assert ticks >= 5
 
 
 async def test_a_body_slower_than_the_request_timeout_fails_retriably(s3_server: S3Server, tmp_path: Path) -> None:
     segment = make_segment(tmp_path, log_size=2 * MIB)
-    async with manager(s3_server) as direct:
-        await direct.copy_log_segment_data(segment.metadata, segment.data)
-        with ResponseRelay(s3_server.endpoint_url, pace=(256 << 10, 2.0)) as relay:
-            async with manager(s3_server, endpoint_url=relay.endpoint_url, request_timeout_ms=300) as relayed:
-                relayed.prefix = direct.prefix
-                relayed._manifests[segment.metadata.segment_id] = await direct.fetch_manifest(segment.metadata)
-                with pytest.raises(RemoteStorageError, match="timed out") as e:
-                    await relayed.read_log_into(segment.metadata, 0, memoryview(bytearray(2 * MIB)))
+    async with relayed_copy(s3_server, segment, pace=(256 << 10, 2.0), request_timeout_ms=300) as (_, relayed):
+        with pytest.raises(RemoteStorageError, match="timed out") as e:
+            await relayed.read_log_into(segment.metadata, 0, memoryview(bytearray(2 * MIB)))
     assert e.value.retriable
 
 
@@ -105,21 +95,16 @@ async def test_a_read_cancelled_mid_body_stops_writing_into_the_buffer_before_it
     """The buffer is the caller's again once the cancelled read returns: the thread that
     read into it has stopped, and nothing changes it afterwards."""
     segment = make_segment(tmp_path, log_size=4 * MIB)
-    async with manager(s3_server) as direct:
-        await direct.copy_log_segment_data(segment.metadata, segment.data)
-        with ResponseRelay(s3_server.endpoint_url, pace=(64 << 10, 0.02)) as relay:
-            async with manager(s3_server, endpoint_url=relay.endpoint_url) as relayed:
-                relayed.prefix = direct.prefix
-                relayed._manifests[segment.metadata.segment_id] = await direct.fetch_manifest(segment.metadata)
-                buffer = memoryview(bytearray(4 * MIB))
-                read = asyncio.create_task(relayed.read_log_into(segment.metadata, 0, buffer))
-                while not any(buffer[:64 << 10]):
-                    await asyncio.sleep(0.01)
-                read.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await read
-                seen = bytes(buffer)
-                await asyncio.sleep(0.3)
-                assert bytes(buffer) == seen
-                assert seen != segment.log  # it was cut in the middle
-                assert relayed._bodies is not None and relayed._bodies._idle == []
+    async with relayed_copy(s3_server, segment, pace=(64 << 10, 0.02)) as (_, relayed):
+        buffer = memoryview(bytearray(4 * MIB))
+        read = asyncio.create_task(relayed.read_log_into(segment.metadata, 0, buffer))
+        while not any(buffer[:64 << 10]):
+            await asyncio.sleep(0.01)
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        seen = bytes(buffer)
+        await asyncio.sleep(0.3)
+        assert bytes(buffer) == seen
+        assert seen != segment.log  # it was cut in the middle
+        assert relayed._bodies is not None and relayed._bodies._idle == []
