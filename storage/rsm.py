@@ -35,6 +35,7 @@ import asyncio
 import base64
 import enum
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
@@ -56,6 +57,8 @@ from .errors import (
 from .manifest import TAG_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
+
+log = logging.getLogger(__name__)
 
 # Reused buffers for encrypted reads kept at most: as many as chunk loads usually run at
 # once (a few partitions, each with its read-ahead), about 4 MiB each.
@@ -274,6 +277,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # buffer: reused, so that a read does not fault in fresh memory.
         self._sealed_buffers: list[bytearray] = []
         self._observe_range_read: Callable[[float, float, int], None] = lambda first_byte, rest, size: None
+        self._said_why_no_runs = False  # the warning that chunks cannot be read in runs, once
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         self.observe_request = observer
@@ -440,10 +444,17 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         spans = [_stored_span(entry, sealed, start, start + len(b) - 1) for start, b in zip(starts, buffers)]
         # One request when the buffers' stored spans follow each other and each is its
         # buffer's range or (encrypted) whole sealed chunks; else one read per buffer.
-        if not self.reads_runs or len(buffers) < 2 or starts[-1] + len(buffers[-1]) > entry.size \
-                or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) \
-                or (sealed is None and any(first != start or stop - first != len(b)
-                                           for (first, stop), start, b in zip(spans, starts, buffers))):
+        misaligned = any(a[1] != b[0] for a, b in zip(spans, spans[1:])) \
+            or (sealed is None and any(first != start or stop - first != len(b)
+                                       for (first, stop), start, b in zip(spans, starts, buffers)))
+        if not self.reads_runs or len(buffers) < 2 or starts[-1] + len(buffers[-1]) > entry.size or misaligned:
+            if self.reads_runs and len(buffers) >= 2 and misaligned and not self._said_why_no_runs:
+                self._said_why_no_runs = True
+                unit = sealed.chunk_bytes if sealed is not None else entry.block_bytes
+                log.warning("chunks of %d bytes are not whole %s of %d bytes: each chunk is read with a "
+                            "request of its own, not in runs; a remote.log.chunk.size.bytes that is a multiple "
+                            "of %d reads runs", len(buffers[0]),
+                            "encrypted pieces" if sealed is not None else "checksum blocks", unit, unit)
             async for buffer in super().read_log_run(metadata, start_position, buffers):
                 yield buffer
             return

@@ -5,6 +5,7 @@ middle of a body, a slow body, a read cancelled while its thread writes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,22 @@ async def test_a_read_cancelled_mid_body_stops_writing_into_the_buffer_before_it
         assert bytes(buffer) == seen
         assert seen != segment.log  # it was cut in the middle
         assert relayed._bodies is not None and relayed._bodies._idle == []
+
+
+async def test_chunks_that_are_not_whole_blocks_say_why_they_are_not_read_in_runs(
+        s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Chunks of 1,000,000 bytes cut checksum blocks (256 KiB) in two: each is read with a GET
+    of its own, correctly, and the log says why (once), naming the size that reads runs."""
+    segment = make_segment(tmp_path, log_size=3 * MIB)
+    async with manager(s3_server) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        seen: list[str] = []
+        rsm.observe_requests(lambda operation, seconds, ok: seen.append(operation))
+        with caplog.at_level(logging.WARNING, logger="tierproxy.storage.rsm"):
+            for start in (0, 2_000_000):
+                filled, error = await read_run(rsm, segment.metadata, start, [500_000, 500_000])
+                assert error is None and b"".join(filled) == segment.log[start:start + 1_000_000]
+    assert seen == ["get_range"] * 4
+    (warning,) = [r.getMessage() for r in caplog.records if "not in runs" in r.getMessage()]
+    assert "chunks of 500000 bytes are not whole checksum blocks of 262144 bytes" in warning
+    assert "multiple of 262144" in warning
