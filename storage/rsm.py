@@ -35,6 +35,7 @@ import asyncio
 import base64
 import enum
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
@@ -56,6 +57,8 @@ from .errors import (
 from .manifest import TAG_BYTES, Crc32cAccumulator, Manifest, ObjectEntry, entry_of
 from .model import IndexType, LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
+
+log = logging.getLogger(__name__)
 
 # Reused buffers for encrypted reads kept at most: as many as chunk loads usually run at
 # once (a few partitions, each with its read-ahead), about 4 MiB each.
@@ -274,6 +277,7 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         # buffer: reused, so that a read does not fault in fresh memory.
         self._sealed_buffers: list[bytearray] = []
         self._observe_range_read: Callable[[float, float, int], None] = lambda first_byte, rest, size: None
+        self._said_why_no_runs = False  # the warning that chunks cannot be read in runs, once
 
     def observe_requests(self, observer: Callable[[str, float, bool], None]) -> None:
         self.observe_request = observer
@@ -440,10 +444,17 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
         spans = [_stored_span(entry, sealed, start, start + len(b) - 1) for start, b in zip(starts, buffers)]
         # One request when the buffers' stored spans follow each other and each is its
         # buffer's range or (encrypted) whole sealed chunks; else one read per buffer.
-        if not self.reads_runs or len(buffers) < 2 or starts[-1] + len(buffers[-1]) > entry.size \
-                or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) \
-                or (sealed is None and any(first != start or stop - first != len(b)
-                                           for (first, stop), start, b in zip(spans, starts, buffers))):
+        misaligned = any(a[1] != b[0] for a, b in zip(spans, spans[1:])) \
+            or (sealed is None and any(first != start or stop - first != len(b)
+                                       for (first, stop), start, b in zip(spans, starts, buffers)))
+        if not self.reads_runs or len(buffers) < 2 or starts[-1] + len(buffers[-1]) > entry.size or misaligned:
+            if self.reads_runs and len(buffers) >= 2 and misaligned and not self._said_why_no_runs:
+                self._said_why_no_runs = True
+                unit = sealed.chunk_bytes if sealed is not None else entry.block_bytes
+                log.warning("chunks of %d bytes are not whole %s of %d bytes: each chunk is read with a "
+                            "request of its own, not in runs; a remote.log.chunk.size.bytes that is a multiple "
+                            "of %d reads runs", len(buffers[0]),
+                            "encrypted pieces" if sealed is not None else "checksum blocks", unit, unit)
             async for buffer in super().read_log_run(metadata, start_position, buffers):
                 yield buffer
             return
@@ -484,16 +495,32 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
 
     async def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
         object_type = ObjectType.of_index(index_type)
+        key = self._key(metadata, object_type)
+        # A cold segment's index is asked for beside its manifest, not a round trip after it;
+        # the manifest then decides whether its bytes are the index (checked as ever).
+        early: asyncio.Task[bytes] | None = None
+        if metadata.segment_id not in self._manifests and not (
+                index_type is IndexType.TRANSACTION and metadata.txn_index_empty):
+            early = asyncio.ensure_future(self._get_bytes(key))
+        try:
+            return await self._checked_index(metadata, index_type, key, early)
+        finally:
+            if early is not None:
+                early.cancel()  # not needed after all (or the read failed before it)
+                early.add_done_callback(_retrieved)
+
+    async def _checked_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType, key: str,
+                             early: asyncio.Task[bytes] | None) -> bytes:
+        object_type = ObjectType.of_index(index_type)
         manifest = await self._manifest(metadata)
         entry = manifest.entry(object_type.value)
         if entry is None:
             raise RemoteResourceNotFound(
                 f"segment {metadata.segment_id.id} was copied without a {index_type.name} index"
             )
-        key = self._key(metadata, object_type)
         try:
             sealed = self._object_cipher(manifest, metadata, object_type)
-            data = await self._get_bytes(key)
+            data = await (early if early is not None else self._get_bytes(key))
             if sealed is not None:
                 if len(data) != sealed.stored_size:
                     raise CorruptRemoteSegment(f"{key}: size {len(data)}, manifest says {sealed.stored_size}")
@@ -645,6 +672,12 @@ class ObjectStoreRemoteStorageManager(RemoteStorageManager):
             async for chunk in chunks:
                 crc.update(chunk)
         return crc.entry()
+
+
+def _retrieved(task: asyncio.Task[bytes]) -> None:
+    """A task whose result nobody waits for any more: its error is not one to report."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _verified_blocks(chunks: AsyncGenerator[bytes | memoryview, None], key: str, entry: ObjectEntry, first: int,

@@ -1,8 +1,10 @@
 """Remote segments in an S3 bucket, through aiobotocore.
 
-Reads are ranged GETs streamed in chunks; a read into the caller's buffer (`read_log_into`,
-the chunk cache's loads) copies each piece aiohttp received straight there, never joining
-pieces into new bytes on the way (`_body_into`). Segments above a threshold go up as
+Reads are ranged GETs streamed in chunks; a read into the caller's buffers (`read_log_into`,
+`read_log_run`: the chunk cache's loads) is read by `storage.s3_bodies` on threads of its own,
+the body going from the socket (or TLS) straight into the buffers; over another HTTP client
+than aiohttp, or with `read_bodies_on_threads` off, each piece aiohttp received is copied
+there, never joined into new bytes on the way (`_body_into`). Segments above a threshold go up as
 multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
 asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
 reads need nothing for it. Every upload carries its CRC-32C, which S3 checks on arrival
@@ -39,6 +41,7 @@ from .errors import CorruptRemoteSegment, RemoteResourceNotFound, RemoteStorageE
 from .encryption import KeyRing
 from .manifest import Crc32cAccumulator, ObjectEntry, entry_of
 from .rsm import ObjectStoreRemoteStorageManager
+from .s3_bodies import Endpoint, ObjectBodies, RangedBody, tls_context
 
 MIB = 1 << 20
 S3_MIN_PART_BYTES = 5 * MIB  # every part but the last (S3's limit)
@@ -120,6 +123,7 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         sse: str = "",
         sse_kms_key_id: str = "",
         ca_location: str | None = None,
+        read_bodies_on_threads: bool = True,
     ) -> None:
         if multipart_part_bytes < S3_MIN_PART_BYTES:
             raise ValueError(f"multipart_part_bytes must be at least {S3_MIN_PART_BYTES}, got {multipart_part_bytes}")
@@ -162,6 +166,12 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         self._client_stack: contextlib.AsyncExitStack | None = None
         self._client_lock = asyncio.Lock()
         self._closed = False
+        self._max_connections = max_connections
+        self._timeout_s = timeout_s
+        # Bulk bodies on threads (`storage.s3_bodies`), set up with the client; None when
+        # off, or for a client that signs nothing (no credentials).
+        self._read_bodies_on_threads = read_bodies_on_threads
+        self._bodies: ObjectBodies | None = None
 
     async def start(self) -> None:
         # Making the client loads botocore's service model and endpoint rules: about 0.15 s
@@ -172,8 +182,11 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         self._closed = True
         async with self._client_lock:
             stack, self._client_stack, self._client = self._client_stack, None, None
+            bodies, self._bodies = self._bodies, None
             if stack is not None:
                 await stack.aclose()
+            if bodies is not None:
+                bodies.close()
 
     async def _s3(self) -> Any:
         """The one client of this instance, created on first use."""
@@ -196,8 +209,36 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
                         config=self._config,
                     )
                 )
+                if self._read_bodies_on_threads:
+                    try:
+                        self._bodies = await self._object_bodies(self._client)
+                    except BaseException as e:
+                        self._client = None
+                        await stack.aclose()
+                        if isinstance(e, Exception):
+                            raise storage_error(e, f"s3://{self.bucket}: resolving its endpoint") from e
+                        raise
                 self._client_stack = stack
             return self._client
+
+    async def _object_bodies(self, client: Any) -> ObjectBodies | None:
+        """Bulk bodies read on threads, at the endpoint botocore resolves for this bucket (its
+        endpoint rules run once, here, for a presigned GetObject), verifying TLS as the
+        client does. None when the client has no credentials to sign with."""
+        if await self._frozen_credentials(client) is None:
+            return None
+        probe = "k"
+        url = await client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": probe})
+        endpoint = Endpoint.of_url(url, probe, client.meta.region_name)
+        verify = getattr(getattr(client._endpoint, "http_session", None), "_verify", self._verify)
+        tls = await asyncio.to_thread(tls_context, verify) if endpoint.scheme == "https" else None
+        return ObjectBodies(endpoint, max_connections=self._max_connections, timeout_s=self._timeout_s, tls=tls)
+
+    @staticmethod
+    async def _frozen_credentials(client: Any) -> Any:
+        """The client's credentials as they are now (refreshed when they expire), or None."""
+        credentials = client._request_signer._credentials
+        return None if credentials is None else await credentials.get_frozen_credentials()
 
     async def _call(self, operation: str, what: str, request: Callable[[Any], Awaitable[T]]) -> T:
         """Run `request(client)`, retrying retriable failures with backoff; every attempt is
@@ -304,12 +345,16 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
         self, key: str, first: int, last: int, into: Sequence[memoryview] = ()
     ) -> AsyncIterator[tuple[int, AsyncGenerator[bytes | memoryview, None]]]:
         where = self._where(key)
+        await self._s3()  # the client, and with it the bodies' connections
+        bodies = self._bodies if into else None
+
+        async def get_range(s3: Any) -> Any:
+            if bodies is not None:
+                return await bodies.get_range(key, first, last, await self._frozen_credentials(s3))
+            return await s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}")
+
         try:
-            response = await self._call(
-                "get_range",
-                f"get {where} bytes {first}-{last}",
-                lambda s3: s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}"),
-            )
+            response = await self._call("get_range", f"get {where} bytes {first}-{last}", get_range)
         except RemoteStorageError as e:
             if not _is_invalid_range(e):
                 raise
@@ -319,6 +364,12 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
             if size is None:
                 raise RemoteResourceNotFound(f"{where} not found") from e
             yield size, _no_chunks()
+            return
+        if isinstance(response, RangedBody):
+            try:
+                yield response.size, _ranged_body_into(response, into, where)
+            finally:
+                response.close()
             return
         body = response["Body"]
         try:
@@ -469,6 +520,19 @@ async def _body_into(readchunk: Callable[[], Awaitable[tuple[bytes, bool]]], int
             yield target[filled:end]
             view = view[end - filled:]
             filled = end
+
+
+async def _ranged_body_into(body: RangedBody, into: Sequence[memoryview],
+                            where: str) -> AsyncGenerator[memoryview, None]:
+    """The body read into the buffers of `into` in turn, each yielded once it is full."""
+    for target in into:
+        try:
+            await body.read_into(target)
+        except Exception as e:  # noqa: BLE001 - storage_error re-raises what is not ours
+            raise storage_error(e, f"reading {where}") from e
+        yield target
+    if body.left:
+        raise CorruptRemoteSegment(f"{where}: more than the {sum(map(len, into))} bytes asked for")
 
 
 async def _no_chunks() -> AsyncGenerator[bytes, None]:

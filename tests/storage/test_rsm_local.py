@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.errors import RemoteResourceNotFound, RemoteStorageError
 from tierproxy.storage.model import IndexType
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.rsm import ObjectType, RemoteStorageManager
@@ -116,3 +117,34 @@ async def test_os_errors_become_storage_errors(tmp_path: Path) -> None:
 async def test_chunk_size_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         LocalRemoteStorageManager(tmp_path, chunk_bytes=0)
+
+
+async def test_a_cold_segments_index_is_asked_for_beside_its_manifest(tmp_path: Path) -> None:
+    """Cold (no manifest cached), the index's GET goes out before the manifest's answer is
+    back, not a round trip after it; warm, the index alone is read. An index the manifest
+    does not list is still not found, and nothing read early is left unretrieved."""
+    segment = make_segment(tmp_path / "segment", with_txn_index=False)
+    async with LocalRemoteStorageManager(tmp_path / "store") as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+    events: list[tuple[str, ObjectType]] = []
+    async with LocalRemoteStorageManager(tmp_path / "store") as cold:
+        get_bytes = cold._get_bytes
+
+        async def get(key: str) -> bytes:
+            events.append(("asked", ObjectType.of_key(key)))
+            await asyncio.sleep(0.05)
+            data = await get_bytes(key)
+            events.append(("got", ObjectType.of_key(key)))
+            return data
+
+        cold._get_bytes = get  # type: ignore[method-assign]
+        assert await cold.fetch_index(segment.metadata, IndexType.OFFSET) == segment.indexes[IndexType.OFFSET]
+        assert set(events[:2]) == {("asked", ObjectType.MANIFEST), ("asked", ObjectType.OFFSET_INDEX)}
+        events.clear()
+        assert await cold.fetch_index(segment.metadata, IndexType.TIMESTAMP) == segment.indexes[IndexType.TIMESTAMP]
+        assert events == [("asked", ObjectType.TIME_INDEX), ("got", ObjectType.TIME_INDEX)]
+        cold._forget(segment.metadata)
+        events.clear()
+        with pytest.raises(RemoteResourceNotFound):
+            await cold.fetch_index(segment.metadata, IndexType.TRANSACTION)
+        assert ("asked", ObjectType.TRANSACTION_INDEX) not in events  # the metadata says it has none

@@ -3,6 +3,7 @@ the S3 benchmarks use), directly and behind the first-byte latency relay."""
 
 from __future__ import annotations
 
+import http.client
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,10 +15,11 @@ from tierproxy.config import parse
 from tierproxy.storage.errors import RemoteStorageError
 from tierproxy.storage.factory import remote_storage_manager
 from tierproxy.storage.s3 import MIB, S3RemoteStorageManager
+from tierproxy.storage.s3_bodies import ObjectBodies, tls_context
 from testbed.latency import LatencyRelay
 from testbed.s3proxy import S3ProxyServer
 
-from tests.helpers.s3 import S3Objects, manager
+from tests.helpers.s3 import S3Objects, assert_cut_body_fails_only_what_it_did_not_fill, manager, read_run
 
 from .rsm_contract import RemoteStorageManagerContract, make_segment, read_all
 
@@ -81,3 +83,50 @@ async def test_over_https_the_store_trusts_the_configured_ca_and_only_it(s3proxy
         with pytest.raises(RemoteStorageError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
             await rsm.fetch_manifest(segment.metadata)
         assert not e.value.retriable
+
+
+async def test_over_https_runs_are_decrypted_into_their_buffers_on_kept_alive_connections(s3proxy_tls, tmp_path):
+    """Over TLS the bodies go from the socket into the run's buffers (no ranged GetObject
+    through aiobotocore), and the second run reuses the first one's connection."""
+    segment = make_segment(tmp_path, log_size=3 * MIB + 5000)
+    async with manager(s3proxy_tls) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        client = await rsm._s3()
+        get_object = client.get_object
+        ranged = []
+
+        async def counted(**kwargs):
+            ranged.extend([kwargs["Range"]] if "Range" in kwargs else [])
+            return await get_object(**kwargs)
+
+        client.get_object = counted
+        filled, error = await read_run(rsm, segment.metadata, 0, [MIB, MIB, MIB])
+        assert error is None and filled == [segment.log[i * MIB:(i + 1) * MIB] for i in range(3)]
+        (connection,) = rsm._bodies._idle
+        assert isinstance(connection, http.client.HTTPSConnection) and connection.sock is not None
+        tls = connection.sock
+        filled, error = await read_run(rsm, segment.metadata, MIB, [MIB, MIB + 5000])
+        assert error is None and b"".join(filled) == segment.log[MIB:]
+        assert rsm._bodies._idle == [connection] and connection.sock is tls
+        assert ranged == []
+
+
+async def test_over_https_a_connection_cut_mid_body_fails_only_the_buffers_it_did_not_fill(s3proxy_tls, tmp_path):
+    await assert_cut_body_fails_only_what_it_did_not_fill(s3proxy_tls, make_segment(tmp_path, log_size=3 * MIB))
+
+
+async def test_over_https_the_bodies_refuse_a_certificate_their_ca_did_not_sign(s3proxy_tls, tmp_path):
+    """The bodies' connections verify as the client does: with botocore's default bundle
+    instead of the endpoint's CA, a ranged read fails, and is not retried."""
+    segment = make_segment(tmp_path, log_size=MIB)
+    async with manager(s3proxy_tls) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        await rsm._s3()
+        trusting = rsm._bodies
+        rsm._bodies = ObjectBodies(trusting.endpoint, max_connections=1, timeout_s=5, tls=tls_context(None))
+        trusting.close()
+        seen = []
+        rsm.observe_requests(lambda operation, seconds, ok: seen.append((operation, ok)))
+        with pytest.raises(RemoteStorageError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
+            await rsm.read_log_into(segment.metadata, 0, memoryview(bytearray(MIB)))
+        assert not e.value.retriable and seen == [("get_range", False)]
