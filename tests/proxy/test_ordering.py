@@ -211,3 +211,85 @@ def test_failing_filter_closes_only_its_connection(run, caplog):
     with caplog.at_level(logging.ERROR, logger="tierproxy.proxy"):
         _with_fake_broker(run, SlowListOffsets(fail=True), body)
     assert any("remote storage exploded" in r.getMessage() for r in caplog.records)
+
+
+class PassingListOffsets(Filter):
+    """Lets every ListOffsets pass (as the Fetch filter lets a Fetch at the tail pass); its
+    check sends the answers of odd correlation ids to the chain, which handles them late."""
+
+    apis = {ApiKey.LIST_OFFSETS: range(1, 2)}
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.checked: list[bytes] = []
+        self.handled: list[tuple[int, bytes]] = []
+
+    def pass_through(self, ctx: ConnectionContext, request: ClientRequest) -> Callable[[Response], bool]:
+        def check(response: Response) -> bool:
+            if self.fail:
+                raise RuntimeError("the answer does not parse")
+            self.checked.append(bytes(response.payload))
+            return request.header.correlation_id % 2 == 0
+
+        return check
+
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
+        payload = bytes((await call_next(request)).payload)
+        self.handled.append((request.header.correlation_id, payload))
+        await asyncio.sleep(0.2)
+        return Response.encoded(request.api_key, request.api_version, [b"handled:", payload])
+
+
+@RUNNERS
+def test_a_request_its_filters_let_pass_meets_no_chain_unless_its_answer_needs_one(run):
+    passing = PassingListOffsets()
+
+    async def body(server: ProxyServer) -> None:
+        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
+        try:
+            writer.writelines([
+                *_request(ApiKey.LIST_OFFSETS, 1, 2),
+                *_request(ApiKey.METADATA, 1, 3),
+                *_request(ApiKey.LIST_OFFSETS, 1, 5),  # its answer goes to the chain
+                *_request(ApiKey.METADATA, 1, 6),
+                *_request(ApiKey.LIST_OFFSETS, 1, 8),
+            ])
+            responses = await _read_responses(reader, 5)
+        finally:
+            writer.close()
+        assert responses == [
+            struct.pack(">i", 2) + b"answer-2",
+            struct.pack(">i", 3) + b"answer-3",
+            struct.pack(">i", 5) + b"handled:answer-5",
+            struct.pack(">i", 6) + b"answer-6",
+            struct.pack(">i", 8) + b"answer-8",
+        ]
+        # Each request reached the broker once, in client order: the chain took the answer
+        # already there, and the requests behind it waited for it.
+        assert FakeBroker.seen == [2, 3, 5, 6, 8]
+        assert passing.checked == [b"answer-2", b"answer-5", b"answer-8"]
+        assert passing.handled == [(5, b"answer-5")]
+
+    _with_fake_broker(run, passing, body)
+
+
+@RUNNERS
+def test_a_check_that_fails_closes_only_its_connection(run, caplog):
+    async def body(server: ProxyServer) -> None:
+        host, port = parse_host_port(server.bootstrap_servers)
+        bad_reader, bad_writer = await asyncio.open_connection(host, port)
+        good_reader, good_writer = await asyncio.open_connection(host, port)
+        try:
+            bad_writer.writelines(_request(ApiKey.LIST_OFFSETS, 1, 2))
+            with pytest.raises((AssertionError, ConnectionResetError)):
+                await _read_responses(bad_reader, 1)
+            good_writer.writelines(_request(ApiKey.METADATA, 1, 9))
+            assert await _read_responses(good_reader, 1) == [struct.pack(">i", 9) + b"answer-9"]
+        finally:
+            bad_writer.close()
+            good_writer.close()
+
+    with caplog.at_level(logging.ERROR, logger="tierproxy.proxy"):
+        _with_fake_broker(run, PassingListOffsets(fail=True), body)
+    assert any("the answer does not parse" in r.getMessage() or "the answer does not parse" in str(r.exc_info)
+               for r in caplog.records)
