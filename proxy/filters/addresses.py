@@ -161,7 +161,8 @@ class BrokerAddressFilter(Filter):
         response = _scanned(response)
         if _names_no_endpoints(response):
             return response
-        return response.with_tagged_fields(await _fetch_tagged_fields(ctx, response.api_version, response.tagged_fields))
+        section = await _fetch_tagged_fields(ctx, response.api_version, response.tagged_fields)
+        return response.with_tagged_fields(section)
 
 
 def _scanned(response: Response) -> Response:

@@ -1,6 +1,6 @@
 """Raw Fetch v12 requests that play a session-using client (KIP-227: a full fetch with
-epoch 0, then incremental fetches naming only the partitions whose position moved), and
-what their answers hold."""
+epoch 0, then incremental fetches naming only the partitions whose position moved), what
+their answers hold, and which of them the Fetch filter's chain handled."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from kio.schema.fetch.v12 import request as fetch
 from kio.static.primitive import i8, i32, i64
 
 from tierproxy.protocol.requests import milliseconds
+from tierproxy.proxy.filters.fetch import FetchFilter
 
 
 def session_fetch(topic: str, positions: dict[int, int], *, session_id: int, epoch: int,
@@ -28,3 +29,18 @@ def session_fetch(topic: str, positions: dict[int, int], *, session_id: int, epo
 def answered(response) -> dict[int, object]:
     """The partitions of a Fetch response of one topic, by index."""
     return {p.partition_index: p for topic in response.responses for p in topic.partitions}
+
+
+def chain_handled(monkeypatch) -> list[int]:
+    """The correlation ids of the Fetch requests the Fetch filter's chain handles from now
+    on (the proxy in this process): one that crossed at the tail (`Filter.pass_through`)
+    is not among them."""
+    calls: list[int] = []
+    original = FetchFilter.handle
+
+    async def handle(self, ctx, client_request, call_next):
+        calls.append(client_request.header.correlation_id)
+        return await original(self, ctx, client_request, call_next)
+
+    monkeypatch.setattr(FetchFilter, "handle", handle)
+    return calls

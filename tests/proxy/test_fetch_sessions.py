@@ -19,8 +19,7 @@ from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.records import iter_batches
 from tierproxy.storage.local import LocalRemoteStorageManager
 from tierproxy.storage.metadata.file_store import FileRemoteLogMetadataManager
-from tierproxy.proxy.filters.fetch import FetchFilter
-from tests.helpers.fetch_sessions import answered, session_fetch
+from tests.helpers.fetch_sessions import answered, chain_handled, session_fetch
 from tests.helpers.fixtures import proxy_fixture, tiered_fixture
 from tests.helpers.produce import produce_timed
 from tests.helpers.proxy import ProxyThread
@@ -111,47 +110,58 @@ async def test_a_partition_the_session_omits_is_read_from_where_it_stopped(proxy
     assert data_offsets(parts[read].records, moved_to)[0] == moved_to
 
 
+@asynccontextmanager
+async def later_topic(kafka_cluster, prefix: str):
+    """A topic of two partitions, all local, beside the shared one: (name, its records)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(topic, partitions=2)
+    try:
+        records = await asyncio.to_thread(produce_timed, {"bootstrap.servers": kafka_cluster.bootstrap_servers},
+                                          topic, 2, PER_PARTITION)
+        yield topic, records
+    finally:
+        kafka_cluster.delete_topic(topic)
+
+
+async def tier_partition_1(kafka_cluster, tiered: TieredTopic, topic: str, records) -> TieredTopic:
+    """Tier partition 1 of `topic` to the proxy's store and trim it on the broker."""
+    root = tiered.root
+    async with LocalRemoteStorageManager(root / "remote") as rsm, \
+            FileRemoteLogMetadataManager(root / "metadata") as rlmm:
+        return await tier_and_trim(kafka_cluster.bootstrap_servers, topic, records, rsm=rsm, rlmm=rlmm,
+                                   work_dir=root / "work", partitions=[1])
+
+
 async def test_a_partition_gone_remote_at_a_position_the_proxy_never_saw_restarts_the_session(
         kafka_cluster, proxy, tiered):
     """The broker trims a partition under a session whose client did not move on it: the
     proxy does not know the position, the client is sent to a new session, and the full
     fetch that opens it reads the remote data. (Tiered to the proxy's store, beside the
     shared topic.)"""
-    root = tiered.root
-    topic = f"sessions-later-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=2)
-    try:
-        bootstrap = kafka_cluster.bootstrap_servers
-        records = await asyncio.to_thread(produce_timed, {"bootstrap.servers": bootstrap}, topic, 2, PER_PARTITION)
-        async with connection(proxy) as conn:
-            # All local: partition 1 gets nothing within max_bytes, its position stays 0.
-            first = await conn.request(session_fetch(topic, {0: 0, 1: 0}, session_id=0, epoch=0, max_bytes=1))
-            assert first.error_code == 0 and first.session_id != 0
-            parts = answered(first)
-            assert parts[0].records and not parts[1].records
-            session_id = first.session_id
-            async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                    FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-                later = await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
-                                            partitions=[1])
-            restarted = await conn.request(session_fetch(topic, {}, session_id=session_id, epoch=1))
-            assert restarted.error_code == ErrorCode.fetch_session_id_not_found
-            assert restarted.session_id == 0 and not restarted.responses
-            # The new session's full fetch reads partition 1 from 0, from the remote tier
-            # (once the proxy's metadata refresh has seen the new segments).
-            for _ in range(100):
-                full = await conn.request(session_fetch(topic, {1: 0}, session_id=0, epoch=0))
-                assert full.error_code == 0
-                (partition,) = answered(full).values()
-                if partition.records:
-                    break
-                assert partition.error_code in (0, ErrorCode.offset_out_of_range), partition
-                await asyncio.sleep(0.1)
-            assert full.session_id != 0
-            assert partition.error_code == 0 and data_offsets(partition.records, 0)[0] == 0
-            assert later.boundary[1] > 0
-    finally:
-        kafka_cluster.delete_topic(topic)
+    async with later_topic(kafka_cluster, "sessions-later") as (topic, records), connection(proxy) as conn:
+        # All local: partition 1 gets nothing within max_bytes, its position stays 0.
+        first = await conn.request(session_fetch(topic, {0: 0, 1: 0}, session_id=0, epoch=0, max_bytes=1))
+        assert first.error_code == 0 and first.session_id != 0
+        parts = answered(first)
+        assert parts[0].records and not parts[1].records
+        session_id = first.session_id
+        later = await tier_partition_1(kafka_cluster, tiered, topic, records)
+        restarted = await conn.request(session_fetch(topic, {}, session_id=session_id, epoch=1))
+        assert restarted.error_code == ErrorCode.fetch_session_id_not_found
+        assert restarted.session_id == 0 and not restarted.responses
+        # The new session's full fetch reads partition 1 from 0, from the remote tier
+        # (once the proxy's metadata refresh has seen the new segments).
+        for _ in range(100):
+            full = await conn.request(session_fetch(topic, {1: 0}, session_id=0, epoch=0))
+            assert full.error_code == 0
+            (partition,) = answered(full).values()
+            if partition.records:
+                break
+            assert partition.error_code in (0, ErrorCode.offset_out_of_range), partition
+            await asyncio.sleep(0.1)
+        assert full.session_id != 0
+        assert partition.error_code == 0 and data_offsets(partition.records, 0)[0] == 0
+        assert later.boundary[1] > 0
 
 
 async def test_session_errors_from_the_broker_pass_through(proxy, tiered):
@@ -191,17 +201,7 @@ async def test_fetches_with_nothing_remote_are_never_decoded(proxy, tiered, monk
 
 @pytest.fixture
 def handled(monkeypatch) -> list[int]:
-    """The correlation ids of the Fetch requests the Fetch filter's chain handled: one that
-    crossed at the tail (`Filter.pass_through`) is not among them."""
-    calls: list[int] = []
-    original = FetchFilter.handle
-
-    async def handle(self, ctx, client_request, call_next):
-        calls.append(client_request.header.correlation_id)
-        return await original(self, ctx, client_request, call_next)
-
-    monkeypatch.setattr(FetchFilter, "handle", handle)
-    return calls
+    return chain_handled(monkeypatch)
 
 
 async def test_a_session_at_the_tail_meets_no_chain_until_a_partition_is_remote(proxy, tiered, handled):
@@ -233,35 +233,25 @@ async def test_a_partition_trimmed_under_its_session_is_read_from_the_remote_tie
     incremental fetch names the partition, the broker answers it OFFSET_OUT_OF_RANGE, and
     the proxy serves it from the remote tier in that same session. (Tiered to the proxy's
     store, beside the shared topic.)"""
-    root = tiered.root
-    topic = f"sessions-trimmed-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topic(topic, partitions=2)
-    try:
-        bootstrap = kafka_cluster.bootstrap_servers
-        records = await asyncio.to_thread(produce_timed, {"bootstrap.servers": bootstrap}, topic, 2, PER_PARTITION)
-        async with connection(proxy) as conn, connection(proxy) as probe:
-            # All local: the session's full fetch reads partition 1's first batch only.
-            first = await conn.request(session_fetch(topic, {1: 0}, session_id=0, epoch=0, max_bytes=1))
-            assert first.error_code == 0 and first.session_id != 0
-            position = next_position(answered(first)[1].records, 0)
-            assert position > 0 and handled == []
-            async with LocalRemoteStorageManager(root / "remote") as rsm, \
-                    FileRemoteLogMetadataManager(root / "metadata") as rlmm:
-                later = await tier_and_trim(bootstrap, topic, records, rsm=rsm, rlmm=rlmm, work_dir=root / "work",
-                                            partitions=[1])
-            assert later.boundary[1] > position
-            # Another connection waits until the proxy's metadata refresh has seen the segments.
-            for _ in range(100):
-                (probed,) = answered(await probe.request(fetch_at(topic, position, 1))).values()
-                if probed.error_code == 0 and probed.records:
-                    break
-                await asyncio.sleep(0.1)
-            seen = len(handled)
-            moved = await conn.request(session_fetch(topic, {1: position}, session_id=first.session_id, epoch=1))
-            assert moved.error_code == 0 and moved.session_id == first.session_id
-            (partition,) = answered(moved).values()
-            assert partition.error_code == 0, partition
-            assert data_offsets(partition.records, position)[0] == position
-            assert len(handled) == seen + 1
-    finally:
-        kafka_cluster.delete_topic(topic)
+    async with later_topic(kafka_cluster, "sessions-trimmed") as (topic, records), \
+            connection(proxy) as conn, connection(proxy) as probe:
+        # All local: the session's full fetch reads partition 1's first batch only.
+        first = await conn.request(session_fetch(topic, {1: 0}, session_id=0, epoch=0, max_bytes=1))
+        assert first.error_code == 0 and first.session_id != 0
+        position = next_position(answered(first)[1].records, 0)
+        assert position > 0 and handled == []
+        later = await tier_partition_1(kafka_cluster, tiered, topic, records)
+        assert later.boundary[1] > position
+        # Another connection waits until the proxy's metadata refresh has seen the segments.
+        for _ in range(100):
+            (probed,) = answered(await probe.request(fetch_at(topic, position, 1))).values()
+            if probed.error_code == 0 and probed.records:
+                break
+            await asyncio.sleep(0.1)
+        seen = len(handled)
+        moved = await conn.request(session_fetch(topic, {1: position}, session_id=first.session_id, epoch=1))
+        assert moved.error_code == 0 and moved.session_id == first.session_id
+        (partition,) = answered(moved).values()
+        assert partition.error_code == 0, partition
+        assert data_offsets(partition.records, position)[0] == position
+        assert len(handled) == seen + 1

@@ -29,7 +29,6 @@ from confluent_kafka.admin import (
 from kio.schema.list_offsets.v9 import request as list_offsets9
 from kio.static.primitive import i8, i32, i64
 
-from tierproxy.proxy.filters.fetch import FetchFilter
 from tierproxy.proxy.filters.tiered_state import OFFSETS_MAX_AGE_S
 from tierproxy.protocol.apis import ErrorCode, OffsetSpec
 from tierproxy.protocol.records import iter_batches
@@ -38,7 +37,7 @@ from testbed.fixtures import SASL_USERS
 from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
 from tests.helpers.consume import consume_aiokafka, consume_confluent, expected_by_partition, in_partition_order
 from tests.helpers.consume import record_keys
-from tests.helpers.fetch_sessions import answered, session_fetch
+from tests.helpers.fetch_sessions import answered, chain_handled, session_fetch
 from tests.helpers.proxy import ProxyThread
 from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
@@ -165,14 +164,7 @@ async def test_a_refused_session_fetch_comes_back_as_the_broker_answered_it(sasl
     the session id each connection's broker picks), TOPIC_AUTHORIZATION_FAILED, and none of
     them meets the Fetch filter's chain (so no query of the proxy's own) or the remote tier."""
     data = tiered
-    handled: list[int] = []
-    original = FetchFilter.handle
-
-    async def handle(self, ctx, client_request, call_next):
-        handled.append(client_request.header.correlation_id)
-        return await original(self, ctx, client_request, call_next)
-
-    monkeypatch.setattr(FetchFilter, "handle", handle)
+    handled = chain_handled(monkeypatch)
     reads = _remote_reads(proxy, data.topic)
     remote = {p: 0 for p in range(PARTITIONS)}
     local = {p: data.boundary[p] for p in range(PARTITIONS)}
