@@ -7,7 +7,10 @@ with them. Here one client plays the Java consumer's session (Fetch v12: a full 
 the log end, then incremental ones naming only the partitions whose position moved,
 max_wait 500 ms, min_bytes 1) and sends exactly `--fetches` Fetches per case while
 `--rate` records a second (1 KiB) arrive over every partition; the CPU seconds of the
-broker and of the proxy are read around those Fetches. Routes, interleaved, `--repeats`
+broker and of the proxy are read around those Fetches. The bytes a Fetch carries still
+vary with the load (a slower round trip finds more records); `--rate 0 --max-wait-ms 0`
+leaves only what every Fetch costs whatever it carries: each answer is an empty
+incremental one. Routes, interleaved, `--repeats`
 rounds: direct, proxy, and with `--baseline TREE` a second proxy running the code of
 another checkout (see tail.py).
 
@@ -35,7 +38,7 @@ from tail import SteadyProducer, proxy_properties
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-async def session_case(bootstrap: str, broker: str, topic: str, partitions: int, fetches: int,
+async def session_case(bootstrap: str, broker: str, topic: str, partitions: int, fetches: int, max_wait_ms: int,
                        pids: dict[str, int]) -> dict:
     """`fetches` Fetches of one session at the tail; CPU seconds of each of `pids` over them."""
     from kio.schema.fetch.v12 import request as fetch
@@ -43,19 +46,29 @@ async def session_case(bootstrap: str, broker: str, topic: str, partitions: int,
 
     from tierproxy.client.cluster import Cluster
     from tierproxy.client.connection import KafkaConnection
+    from tierproxy.client.queries import ClusterError
     from tierproxy.config.addresses import parse_host_port
     from tierproxy.protocol.apis import OffsetSpec
     from tierproxy.protocol.records import iter_batches
     from tierproxy.protocol.requests import milliseconds
 
+    deadline = time.monotonic() + 60
     async with Cluster([broker]) as cluster:
-        topics = await cluster.topics([topic])
-        latest = await cluster.list_offsets(topics, [(topic, p) for p in range(partitions)], OffsetSpec.LATEST)
+        while True:  # a new topic's leaders take a moment
+            try:
+                topics = await cluster.topics([topic])
+                latest = await cluster.list_offsets(topics, [(topic, p) for p in range(partitions)],
+                                                    OffsetSpec.LATEST)
+                break
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
     positions = {p: latest[(topic, p)].offset for p in range(partitions)}
 
     def request(named: dict[int, int], session_id: int, epoch: int) -> fetch.FetchRequest:
         return fetch.FetchRequest(
-            max_wait=milliseconds(500), min_bytes=i32(1), max_bytes=i32(50 << 20), isolation_level=i8(0),
+            max_wait=milliseconds(max_wait_ms), min_bytes=i32(1), max_bytes=i32(50 << 20), isolation_level=i8(0),
             session_id=i32(session_id), session_epoch=i32(epoch),
             topics=(fetch.FetchTopic(topic=topic, partitions=tuple(
                 fetch.FetchPartition(partition=i32(p), fetch_offset=i64(o), partition_max_bytes=i32(1 << 20))
@@ -95,6 +108,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=500)
     parser.add_argument("--rate", type=int, default=2000, help="records (1 KiB) per second (default 2000)")
     parser.add_argument("--fetches", type=int, default=3000, help="Fetches per case (default 3000)")
+    parser.add_argument("--max-wait-ms", type=int, default=500, help="the Fetches' max_wait_ms (default 500)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, metavar="TREE",
                         help="also run a proxy with the code of this checkout, as a route of its own")
@@ -115,7 +129,7 @@ def main() -> int:
         producer = SteadyProducer(kafka.bootstrap_servers, topic, args.partitions, args.rate)
         producer.start()
         deadline = time.monotonic() + 120
-        while not producer.caught_up() or producer.delivered < args.partitions:
+        while args.rate and (not producer.caught_up() or producer.delivered < args.partitions):
             if time.monotonic() > deadline:
                 raise RuntimeError("the producer did not catch up")
             time.sleep(0.1)
@@ -132,7 +146,8 @@ def main() -> int:
                 for attempt in range(args.repeats):
                     for route, (bootstrap, proxy_pid) in routes.items():
                         row = asyncio.run(session_case(bootstrap, kafka.bootstrap_servers, topic, args.partitions,
-                                                       args.fetches, {"broker": kafka.pids[0], "proxy": proxy_pid}))
+                                                       args.fetches, args.max_wait_ms,
+                                                       {"broker": kafka.pids[0], "proxy": proxy_pid}))
                         row["load"] = os.getloadavg()[0]
                         rows.setdefault(route, []).append(row)
                         print(f"  [{attempt + 1}] {route:8} {_row(row)}", flush=True)
@@ -141,7 +156,7 @@ def main() -> int:
             producer.join(30)
     print()
     print(f"{args.partitions} partitions, {args.rate} records/s of 1 KiB, {args.fetches} Fetches of one session per "
-          f"case, {args.repeats} rounds")
+          f"case (max_wait_ms {args.max_wait_ms}), {args.repeats} rounds")
     print()
     print("| route | round | records | Fetch p50 / p99 ms | broker ms / Fetch | proxy ms / Fetch | load (1 min) |")
     print("|---|---|---|---|---|---|---|")
