@@ -89,8 +89,11 @@ class SteadyProducer(threading.Thread):
         while not self.stopped.is_set():
             due = int((time.monotonic() - started) * self.rate)
             while self.sent < due:
-                producer.produce(self.topic, VALUE, partition=self.sent % self.partitions,
-                                 on_delivery=self._on_delivery)
+                try:
+                    producer.produce(self.topic, VALUE, partition=self.sent % self.partitions,
+                                     on_delivery=self._on_delivery)
+                except BufferError:  # librdkafka's queue is full: a starved broker; catch up later
+                    break
                 self.sent += 1
             producer.poll(0)
             time.sleep(0.005)
