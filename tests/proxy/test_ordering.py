@@ -108,6 +108,17 @@ async def _read_responses(reader: asyncio.StreamReader, count: int) -> list[byte
     return out
 
 
+async def _in_one_write(server: ProxyServer, requests: list[list[bytes]], answered: int) -> list[bytes]:
+    """Send `requests` in one write on a new connection (they arrive together); the first
+    `answered` responses."""
+    reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
+    try:
+        writer.writelines([part for request in requests for part in request])
+        return await _read_responses(reader, answered)
+    finally:
+        writer.close()
+
+
 def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_: Filter,
                       body: Callable[[ProxyServer], Coroutine[Any, Any, None]]) -> None:
     FakeBroker.seen = []
@@ -133,21 +144,15 @@ def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_:
 @RUNNERS
 def test_responses_come_back_in_request_order(run):
     async def body(server: ProxyServer) -> None:
-        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
-        try:
-            # One write: the intercepted request and the pass-through ones behind it
-            # arrive together.
-            writer.writelines([
-                *_request(ApiKey.LIST_OFFSETS, 1, 1),
-                *_request(ApiKey.METADATA, 1, 2),
-                *_produce_v3(3, acks=0),  # no response
-                *_request(ApiKey.METADATA, 1, 4),
-                *_request(ApiKey.LIST_OFFSETS, 1, 5),
-                *_request(ApiKey.METADATA, 1, 6),
-            ])
-            responses = await _read_responses(reader, 5)
-        finally:
-            writer.close()
+        # The intercepted request and the pass-through ones behind it arrive together.
+        responses = await _in_one_write(server, [
+            _request(ApiKey.LIST_OFFSETS, 1, 1),
+            _request(ApiKey.METADATA, 1, 2),
+            _produce_v3(3, acks=0),  # no response
+            _request(ApiKey.METADATA, 1, 4),
+            _request(ApiKey.LIST_OFFSETS, 1, 5),
+            _request(ApiKey.METADATA, 1, 6),
+        ], 5)
         assert responses == [
             struct.pack(">i", 1) + b"slow:answer-1",
             struct.pack(">i", 2) + b"answer-2",
@@ -179,13 +184,8 @@ class QueryingListOffsets(Filter):
 @RUNNERS
 def test_requests_behind_an_intercepted_one_reach_the_broker_after_its_own_queries(run):
     async def body(server: ProxyServer) -> None:
-        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
-        try:
-            writer.writelines([*_request(ApiKey.LIST_OFFSETS, 1, 1), *_produce_v3(2, acks=1),
-                               *_request(ApiKey.METADATA, 1, 3)])
-            responses = await _read_responses(reader, 3)
-        finally:
-            writer.close()
+        responses = await _in_one_write(server, [_request(ApiKey.LIST_OFFSETS, 1, 1), _produce_v3(2, acks=1),
+                                                 _request(ApiKey.METADATA, 1, 3)], 3)
         assert [r[:4] for r in responses] == [struct.pack(">i", i) for i in (1, 2, 3)]
         assert FakeBroker.seen == [1, -1, 2, 3]
 
@@ -249,18 +249,13 @@ def test_a_request_its_filters_let_pass_meets_no_chain_unless_its_answer_needs_o
     passing = PassingListOffsets()
 
     async def body(server: ProxyServer) -> None:
-        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
-        try:
-            writer.writelines([
-                *_request(ApiKey.LIST_OFFSETS, 1, 2),
-                *_request(ApiKey.METADATA, 1, 3),
-                *_request(ApiKey.LIST_OFFSETS, 1, 5),  # its answer goes to the chain
-                *_request(ApiKey.METADATA, 1, 6),
-                *_request(ApiKey.LIST_OFFSETS, 1, 8),
-            ])
-            responses = await _read_responses(reader, 5)
-        finally:
-            writer.close()
+        responses = await _in_one_write(server, [
+            _request(ApiKey.LIST_OFFSETS, 1, 2),
+            _request(ApiKey.METADATA, 1, 3),
+            _request(ApiKey.LIST_OFFSETS, 1, 5),  # its answer goes to the chain
+            _request(ApiKey.METADATA, 1, 6),
+            _request(ApiKey.LIST_OFFSETS, 1, 8),
+        ], 5)
         assert responses == [
             struct.pack(">i", 2) + b"answer-2",
             struct.pack(">i", 3) + b"answer-3",
