@@ -227,9 +227,11 @@ async def trim_to_end(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 @contextmanager
-def proxy_process(properties: dict[str, str], workdir: Path, profile: Path | None = None) -> Iterator[dict]:
+def proxy_process(properties: dict[str, str], workdir: Path, profile: Path | None = None,
+                  source: Path | None = None) -> Iterator[dict]:
     """`tierproxy serve` as a subprocess; yields {"bootstrap", "pid", "vm_hwm_kb"} (the
-    last filled in just before the process is stopped)."""
+    last filled in just before the process is stopped). `source`: the checkout whose code
+    it runs (this one unless given; its `tierproxy/` comes first on the path)."""
     from testbed.processes import spawn, stop_pids
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -241,7 +243,7 @@ def proxy_process(properties: dict[str, str], workdir: Path, profile: Path | Non
         command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "tierproxy.cli", "serve",
                    "--config", str(config_path)]
     log_path = workdir / "serve.log"
-    process = spawn(command, log_path, cwd=Path(__file__).resolve().parent.parent)
+    process = spawn(command, log_path, cwd=source or Path(__file__).resolve().parent.parent)
     info = {"bootstrap": f"127.0.0.1:{properties['proxy.bootstrap.port']}", "pid": process.pid, "vm_hwm_kb": 0}
     try:
         _wait_for_port(int(properties["proxy.bootstrap.port"]), process, log_path)

@@ -32,8 +32,12 @@ Nothing here is specific to an API: a request whose API key and version have fil
 goes through their chain (``proxy.filters``), every other one is forwarded as an
 opaque frame whose header is peeked for the API key, version and correlation id; the
 wire says whether a response will come (``protocol.acks``). One that gets none meets no
-chain, only the filters that must admit it (``Filter.admit``), when there are any. Both
-sides are asyncio Protocols: ``data_received`` only feeds a FrameDecoder.
+chain, only the filters that must admit it (``Filter.admit``), when there are any. One
+that every filter of its chain lets pass (``Filter.pass_through``: a Fetch at the tail)
+is forwarded as it came, its header peeked once, with no task: the connection stays
+muted as for a chain, and when the answer comes the filters' checks say, there and then,
+whether it goes back as it came or the chain takes it from there. Both sides are asyncio
+Protocols: ``data_received`` only feeds a FrameDecoder.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from tierproxy.protocol.headers import (
 
 from .authentication import ResponseObserver, UnauthenticatedRequest, UpstreamListener
 from .filters import (
+    AnswerCheck,
     ClientRequest,
     ConnectionContext,
     Filter,
@@ -68,6 +73,8 @@ from .filters import (
     ProxyServices,
     RefusedRequest,
     Response,
+    as_answered,
+    pass_through,
     run_chain,
 )
 from .metrics import api_name
@@ -121,16 +128,29 @@ class ConnectionServer(Protocol):
 class _InFlight:
     """A request sent upstream whose response is awaited, in send order."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "future", "slot", "observer")
+    __slots__ = ("api_key", "api_version", "correlation_id", "future", "slot", "observer", "passed")
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, slot: ResponseSlot | None,
-                 future: asyncio.Future[memoryview] | None, observer: ResponseObserver | None = None) -> None:
+                 future: asyncio.Future[memoryview] | None, observer: ResponseObserver | None = None,
+                 passed: _Passed | None = None) -> None:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
         self.slot = slot  # pass-through: the response goes to the client as is
         self.future = future  # a filter's forward() waits on it
         self.observer = observer  # the authentication gate's, for the requests it tracks
+        self.passed = passed  # its filters let it pass: their checks look at the answer
+
+
+class _Passed:
+    """A request the filters of its chain let pass (``Filter.pass_through``)."""
+
+    __slots__ = ("chain", "request", "checks")
+
+    def __init__(self, chain: tuple[Filter, ...], request: ClientRequest, checks: tuple[AnswerCheck, ...]) -> None:
+        self.chain = chain
+        self.request = request
+        self.checks = checks
 
 
 class _Upstream(asyncio.Protocol):
@@ -408,10 +428,24 @@ class ClientConnection(asyncio.Protocol):
             self._metrics.forwarded(header.api_key)
             self._send_upstream(encode_frame(body), _InFlight(
                 header.correlation_id, header.api_key, header.api_version, slot, None, observer))
+            return
+        self._metrics.intercepted(header.api_key)
+        self._handling = True  # until the answer went out, as for a chain
+        request = ClientRequest(header, body)
+        checks = None
+        if self._filters.may_pass(header.api_key, header.api_version):
+            assert self.ctx is not None, "requests are handled only once the broker connection exists"
+            try:
+                checks = pass_through(chain, self.ctx, request)
+            except Exception as e:
+                self._filters_failed(chain, header, e)
+                return
+        if checks is None:
+            self._spawn(self._filter(chain, request, slot))
         else:
-            self._metrics.intercepted(header.api_key)
-            self._handling = True
-            self._spawn(self._filter(chain, header, body, slot))
+            self._send_upstream(encode_frame(body), _InFlight(
+                header.correlation_id, header.api_key, header.api_version, slot, None, passed=_Passed(
+                    chain, request, checks)))
 
     def _unanswered(self, header: RequestHeader, body: memoryview) -> None:
         """A request that gets no response: forwarded at once, unless filters must admit
@@ -441,16 +475,16 @@ class ClientConnection(asyncio.Protocol):
         self._handling = False
         self._dispatch_waiting()
 
-    async def _filter(self, chain: tuple[Filter, ...], header: RequestHeader, body: memoryview,
-                      slot: ResponseSlot) -> None:
+    async def _filter(self, chain: tuple[Filter, ...], request: ClientRequest, slot: ResponseSlot) -> None:
         assert self.ctx is not None, "requests are handled only once the broker connection exists"
+        header = request.header
         # Every remote chunk read for this response is leased to it until it is written.
         leases = ChunkLeases()
         response_leases(leases)
         read_owner(self)  # its remote reads take this connection's turns in the reader pool
         answered = False
         try:
-            response = await run_chain(chain, self.ctx, ClientRequest(header, body))
+            response = await run_chain(chain, self.ctx, request)
             parts = self._response_frame(header, response)
             answered = not self._closed
         except Exception as e:
@@ -531,6 +565,9 @@ class ClientConnection(asyncio.Protocol):
         gate = self._gate
         if gate.learning and gate.answered(in_flight.api_key):
             self._decoder.max_frame_bytes = gate.max_frame_bytes
+        if in_flight.passed is not None:
+            self._passed_answered(in_flight, body)
+            return
         if in_flight.slot is not None:
             if in_flight.observer is not None:
                 try:
@@ -555,6 +592,32 @@ class ClientConnection(asyncio.Protocol):
             future.set_exception(e)
             return
         future.set_result(body[offset:])
+
+    def _passed_answered(self, in_flight: _InFlight, body: memoryview) -> None:
+        """The broker answered a request its filters let pass: back as it came when their
+        checks say so, else to the chain, which takes the answer as the broker's."""
+        passed = in_flight.passed
+        slot = in_flight.slot
+        assert passed is not None and slot is not None
+        request = passed.request
+        header = request.header
+        try:
+            header_version = response_header_version(header.api_key, header.api_version)
+            if header_version is None:
+                raise DecodeError(f"no response header version for {api_name(header.api_key)} v{header.api_version}")
+            _, offset = parse_response_header(body, header_version)
+            answer = Response.encoded(header.api_key, header.api_version, [body[offset:]])
+            as_is = as_answered(passed.checks, answer)
+        except Exception as e:
+            self._filters_failed(passed.chain, header, e)
+            return
+        if not as_is:
+            request.answer = answer
+            self._spawn(self._filter(passed.chain, request, slot))
+            return
+        self._handling = False
+        self._orderer.complete(slot, encode_frame(body))
+        self._dispatch_waiting()
 
     def _write_client(self, parts: Sequence[Buffer], leases: Releasable | None) -> None:
         writer = self._writer

@@ -23,11 +23,12 @@ RefusedRequest (`Filter.admit`: a request that gets no response must not reach t
 broker) one WARN line too, counted as ``refused``.
 """
 
-from .chain import CallNext, Filter, FilterChains, run_chain
+from .chain import AnswerCheck, CallNext, Filter, FilterChains, as_answered, pass_through, run_chain
 from .context import ConnectionContext, Forward, NodeDirectory, OwnCorrelationIds, PerConnection, ProxyServices
 from .messages import ClientRequest, InvalidRequest, RefusedRequest, Response
 
 __all__ = (
+    "AnswerCheck",
     "CallNext",
     "ClientRequest",
     "ConnectionContext",
@@ -41,5 +42,7 @@ __all__ = (
     "ProxyServices",
     "RefusedRequest",
     "Response",
+    "as_answered",
+    "pass_through",
     "run_chain",
 )

@@ -34,7 +34,7 @@ from tierproxy.protocol.apis import ApiKey, ErrorCode
 from tierproxy.protocol.codecs import INTERCEPTED, decode_response, encode_payload, kio_versions, schema_fields
 from tierproxy.protocol.codecs import response_schema
 
-from .chain import CallNext, Filter
+from .chain import AnswerCheck, CallNext, Filter
 from .context import ConnectionContext
 from tierproxy.protocol.fetch_wire import encode_fetch_response, scan_fetch_response
 from .messages import ClientRequest, Response
@@ -143,6 +143,10 @@ class BrokerAddressFilter(Filter):
         ApiKey.PRODUCE: _versions_with_node_endpoints(ApiKey.PRODUCE),
     })
 
+    def pass_through(self, ctx: ConnectionContext, request: ClientRequest) -> AnswerCheck | None:
+        """A Fetch may pass: its answer goes back as it came unless it names node endpoints."""
+        return _names_no_endpoints if request.api_key == ApiKey.FETCH else None
+
     async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
         response = await call_next(request)
         if response.api_key == ApiKey.FETCH:
@@ -154,12 +158,23 @@ class BrokerAddressFilter(Filter):
 
     @staticmethod
     async def _fetch(ctx: ConnectionContext, response: Response) -> Response:
-        section = response.tagged_fields
-        if section is None:  # no Fetch filter scanned it: find the section once
-            response = Response.encoded(response.api_key, response.api_version, response.parts,
-                                        tagged_fields=scan_fetch_response(response.payload,
-                                                                          response.api_version).tagged_fields)
-            section = response.tagged_fields
-        if section is None or section[0] == 0:  # type: ignore[index]  # no tagged fields: no endpoints
+        response = _scanned(response)
+        if _names_no_endpoints(response):
             return response
-        return response.with_tagged_fields(await _fetch_tagged_fields(ctx, response.api_version, section))
+        section = await _fetch_tagged_fields(ctx, response.api_version, response.tagged_fields)
+        return response.with_tagged_fields(section)
+
+
+def _scanned(response: Response) -> Response:
+    """A Fetch response whose tagged-field section is known: found once if no Fetch
+    filter scanned it."""
+    if response.tagged_fields is not None:
+        return response
+    return Response.encoded(response.api_key, response.api_version, response.parts,
+                            tagged_fields=scan_fetch_response(response.payload, response.api_version).tagged_fields)
+
+
+def _names_no_endpoints(response: Response) -> bool:
+    """Whether a Fetch response has no top-level tagged fields (so no node endpoints)."""
+    section = _scanned(response).tagged_fields
+    return section is None or section[0] == 0  # type: ignore[index]  # a buffer of bytes

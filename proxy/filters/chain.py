@@ -12,6 +12,12 @@ A request of an API no filter takes (or of a version none takes) never meets a c
 the connection forwards it as an opaque frame, its header peeked only. Nor does a request
 that gets no response (a Produce with acks=0): only the filters that override
 `Filter.admit` see it, and only to let it through or refuse it.
+
+A request every filter of its chain lets pass (`Filter.pass_through`: a Fetch at the tail)
+meets no chain either while the broker's answer needs nothing of them: the connection
+forwards it as it came, with no task, and the filters' checks of the answer (`as_answered`)
+say whether it goes back as it came. When one says no, the chain handles the request after
+all, its end returning the answer already there (`ClientRequest.answer`).
 """
 
 from __future__ import annotations
@@ -31,12 +37,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ("CallNext", "Filter", "FilterChains", "run_chain")
+__all__ = ("AnswerCheck", "CallNext", "Filter", "FilterChains", "as_answered", "pass_through", "run_chain")
 
 _CHAINS_KEPT = 4096
 
 CallNext = Callable[[ClientRequest], Awaitable[Response]]
 """Pass a request on to the rest of the chain; get its response back."""
+
+AnswerCheck = Callable[[Response], bool]
+"""A filter's look at the broker's answer to a request it let pass (`Filter.pass_through`):
+True when the answer may go to the client as it came."""
 
 
 class Filter:
@@ -58,6 +68,16 @@ class Filter:
 
     async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
         return await call_next(request)
+
+    def pass_through(self, ctx: ConnectionContext, request: ClientRequest) -> AnswerCheck | None:
+        """Whether `request` may go to the broker as the client sent it, with no task and no
+        chain: None (the default) when this filter must handle it; else the check of the
+        broker's answer, called at once when it comes (no I/O, in reverse chain order, each
+        seeing what the checks before it set on the Response). When every check says True
+        the answer goes back as it came; when one says False the chain handles the request,
+        its end returning that answer instead of forwarding the request again: a filter
+        that let a request pass must forward it unchanged then, once."""
+        return None
 
     async def admit(self, ctx: ConnectionContext, request: ClientRequest) -> None:
         """A request of this filter's APIs that gets no response (a Produce with acks=0):
@@ -84,9 +104,11 @@ class FilterChains:
         self._filters = list(filters)
         self._by_key = _by_api_key(self._filters)
         self._admitting_by_key = _by_api_key(f for f in self._filters if type(f).admit is not Filter.admit)
+        self._passing_by_key = _by_api_key(f for f in self._filters if type(f).pass_through is not Filter.pass_through)
         # Every request asks for its chain: each (key, version) is worked out once.
         self._chains: dict[tuple[int, int], tuple[Filter, ...]] = {}
         self._admitting: dict[tuple[int, int], tuple[Filter, ...]] = {}
+        self._passing: dict[tuple[int, int], tuple[Filter, ...]] = {}
 
     def chain(self, api_key: int, api_version: int) -> tuple[Filter, ...]:
         """The filters a request meets, in order; empty for the opaque path."""
@@ -96,6 +118,11 @@ class FilterChains:
         """The filters whose `admit` a request that gets no response meets, in order;
         empty (the usual case, one lookup) when it is forwarded at once."""
         return _filters_for(self._admitting_by_key, self._admitting, api_key, api_version)
+
+    def may_pass(self, api_key: int, api_version: int) -> bool:
+        """Whether every filter of the chain may let a request pass (`Filter.pass_through`)."""
+        passing = _filters_for(self._passing_by_key, self._passing, api_key, api_version)
+        return bool(passing) and len(passing) == len(self.chain(api_key, api_version))
 
     def filters_of(self, api_key: int) -> list[Filter]:
         """Every filter taking part in an API, at any version, in chain order."""
@@ -148,7 +175,33 @@ def _filters_for(by_key: dict[int, list[tuple[range, Filter]]], known: dict[tupl
     return found
 
 
+def pass_through(chain: tuple[Filter, ...], ctx: ConnectionContext,
+                 request: ClientRequest) -> tuple[AnswerCheck, ...] | None:
+    """The checks of the broker's answer when every filter of `chain` lets `request` pass,
+    in chain order; None when one must handle it."""
+    checks = []
+    for filter_ in chain:
+        check = filter_.pass_through(ctx, request)
+        if check is None:
+            return None
+        checks.append(check)
+    return tuple(checks)
+
+
+def as_answered(checks: tuple[AnswerCheck, ...], response: Response) -> bool:
+    """Whether the broker's answer goes to the client as it came: the checks see it in
+    reverse chain order, as the chain would, until one says no."""
+    for check in reversed(checks):
+        if not check(response):
+            return False
+    return True
+
+
 async def _upstream(ctx: ConnectionContext, request: ClientRequest) -> Response:
+    answer = request.answer
+    if answer is not None:  # forwarded already (Filter.pass_through): it went once
+        request.answer = None
+        return answer
     payload = await ctx.forward(request.upstream_frame_body())
     return Response.encoded(request.api_key, request.api_version, [payload])
 

@@ -80,7 +80,7 @@ from tierproxy.storage.model import TopicIdPartition
 from tierproxy.remote_log.reader import RemoteReadResult
 from tierproxy.remote_log.reader_pool import ReadOutcome
 from ..tiered import RemoteTier
-from .chain import CallNext, Filter
+from .chain import AnswerCheck, CallNext, Filter
 from .context import ConnectionContext
 from .fetch_plan import (
     assemble,
@@ -168,13 +168,34 @@ class FetchFilter(Filter):
     async def close(self) -> None:
         await self.tier.close()
 
+    def pass_through(self, ctx: ConnectionContext, client_request: ClientRequest) -> AnswerCheck | None:
+        """A Fetch that goes to the broker as the client sent it (a session's, or one without
+        a session on a connection with nothing proven remote) needs no task: the broker's
+        answer is scanned once and goes back as it came, unless a partition is
+        OFFSET_OUT_OF_RANGE (then `handle` takes the answer from there)."""
+        if self.replicas:  # their partitions go to the broker beyond any log: the request is changed
+            return None
+        state = self._states.of(ctx)
+        session = _session(client_request)
+        if session == SESSIONLESS and state.proven:
+            return None
+        positions = state.fetch_session
+        positions.request(*session)
+        version = client_request.api_version
+
+        def as_answered(response: Response) -> bool:
+            scan = scan_fetch_response(response.payload, version)
+            if scan.any_out_of_range:
+                return False
+            positions.response(scan)
+            response.tagged_fields = scan.tagged_fields  # for the address filter's check
+            return True
+
+        return as_answered
+
     async def handle(self, ctx: ConnectionContext, client_request: ClientRequest, call_next: CallNext) -> Response:
         state = self._states.of(ctx)
-        try:
-            session = request_session(client_request.payload, client_request.api_version)
-        except DecodeError as e:
-            raise InvalidRequest(str(e)) from None
-        client_request.structure_checked()  # every length bounded: kio need not walk it again
+        session = _session(client_request)
         if self.replicas and client_request.api_version >= TOPIC_ID_VERSION:
             await self.replicas.learn_topic_ids(state.topics, self._queries(ctx, client_request),
                                                 [t.topic_id for t in client_request.body.topics])
@@ -190,7 +211,8 @@ class FetchFilter(Filter):
         if the broker answers a partition out of range."""
         version = client_request.api_version
         positions = state.fetch_session
-        positions.request(*session)
+        if client_request.answer is None:  # else pass_through counted the request
+            positions.request(*session)
         payload = (await call_next(self._replicas_hidden(client_request, state))).payload
         scan = scan_fetch_response(payload, version)
         positions.response(scan)
@@ -596,6 +618,16 @@ class FetchFilter(Filter):
                                                        entry.offsets.local_log_start)
             found |= {(pid, first) for pid, first in local if first <= last_served}
         return sorted(found, key=lambda t: t[1])
+
+
+def _session(client_request: ClientRequest) -> tuple[int, int]:
+    """The request's fetch session (id, epoch), once its structure is checked."""
+    try:
+        session = request_session(client_request.payload, client_request.api_version)
+    except DecodeError as e:
+        raise InvalidRequest(str(e)) from None
+    client_request.structure_checked()  # every length bounded: kio need not walk it again
+    return session
 
 
 def _fetch_response(version: int, parts: list[Any], tagged_fields: Any = _NO_TAGGED_FIELDS) -> Response:

@@ -38,11 +38,14 @@ class ClientRequest:
     """A client's request: its header as peeked, its frame body (request header and
     payload, size prefix removed), and its payload as a kio object once asked for."""
 
-    __slots__ = ("header", "frame_body", "_body", "_replaced", "_checked")
+    __slots__ = ("header", "frame_body", "answer", "_body", "_replaced", "_checked")
 
     def __init__(self, header: RequestHeader, frame_body: memoryview) -> None:
         self.header = header
         self.frame_body = frame_body
+        self.answer: Response | None = None
+        """The broker's answer, when the connection forwarded the request as it came before
+        the chain had to handle it (`Filter.pass_through`); the chain's end returns it."""
         self._body: Any = None
         self._replaced = False
         self._checked = False

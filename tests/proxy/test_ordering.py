@@ -108,6 +108,17 @@ async def _read_responses(reader: asyncio.StreamReader, count: int) -> list[byte
     return out
 
 
+async def _in_one_write(server: ProxyServer, requests: list[list[bytes]], answered: int) -> list[bytes]:
+    """Send `requests` in one write on a new connection (they arrive together); the first
+    `answered` responses."""
+    reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
+    try:
+        writer.writelines([part for request in requests for part in request])
+        return await _read_responses(reader, answered)
+    finally:
+        writer.close()
+
+
 def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_: Filter,
                       body: Callable[[ProxyServer], Coroutine[Any, Any, None]]) -> None:
     FakeBroker.seen = []
@@ -133,21 +144,15 @@ def _with_fake_broker(run: Callable[[Coroutine[Any, Any, None]], None], filter_:
 @RUNNERS
 def test_responses_come_back_in_request_order(run):
     async def body(server: ProxyServer) -> None:
-        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
-        try:
-            # One write: the intercepted request and the pass-through ones behind it
-            # arrive together.
-            writer.writelines([
-                *_request(ApiKey.LIST_OFFSETS, 1, 1),
-                *_request(ApiKey.METADATA, 1, 2),
-                *_produce_v3(3, acks=0),  # no response
-                *_request(ApiKey.METADATA, 1, 4),
-                *_request(ApiKey.LIST_OFFSETS, 1, 5),
-                *_request(ApiKey.METADATA, 1, 6),
-            ])
-            responses = await _read_responses(reader, 5)
-        finally:
-            writer.close()
+        # The intercepted request and the pass-through ones behind it arrive together.
+        responses = await _in_one_write(server, [
+            _request(ApiKey.LIST_OFFSETS, 1, 1),
+            _request(ApiKey.METADATA, 1, 2),
+            _produce_v3(3, acks=0),  # no response
+            _request(ApiKey.METADATA, 1, 4),
+            _request(ApiKey.LIST_OFFSETS, 1, 5),
+            _request(ApiKey.METADATA, 1, 6),
+        ], 5)
         assert responses == [
             struct.pack(">i", 1) + b"slow:answer-1",
             struct.pack(">i", 2) + b"answer-2",
@@ -179,13 +184,8 @@ class QueryingListOffsets(Filter):
 @RUNNERS
 def test_requests_behind_an_intercepted_one_reach_the_broker_after_its_own_queries(run):
     async def body(server: ProxyServer) -> None:
-        reader, writer = await asyncio.open_connection(*parse_host_port(server.bootstrap_servers))
-        try:
-            writer.writelines([*_request(ApiKey.LIST_OFFSETS, 1, 1), *_produce_v3(2, acks=1),
-                               *_request(ApiKey.METADATA, 1, 3)])
-            responses = await _read_responses(reader, 3)
-        finally:
-            writer.close()
+        responses = await _in_one_write(server, [_request(ApiKey.LIST_OFFSETS, 1, 1), _produce_v3(2, acks=1),
+                                                 _request(ApiKey.METADATA, 1, 3)], 3)
         assert [r[:4] for r in responses] == [struct.pack(">i", i) for i in (1, 2, 3)]
         assert FakeBroker.seen == [1, -1, 2, 3]
 
@@ -193,7 +193,11 @@ def test_requests_behind_an_intercepted_one_reach_the_broker_after_its_own_queri
 
 
 @RUNNERS
-def test_failing_filter_closes_only_its_connection(run, caplog):
+@pytest.mark.parametrize("failing, message", [
+    (lambda: SlowListOffsets(fail=True), "remote storage exploded"),
+    (lambda: PassingListOffsets(fail=True), "the answer does not parse"),  # its check of the answer fails
+], ids=["handle", "pass_through"])
+def test_failing_filter_closes_only_its_connection(run, caplog, failing, message):
     async def body(server: ProxyServer) -> None:
         host, port = parse_host_port(server.bootstrap_servers)
         bad_reader, bad_writer = await asyncio.open_connection(host, port)
@@ -209,5 +213,61 @@ def test_failing_filter_closes_only_its_connection(run, caplog):
             good_writer.close()
 
     with caplog.at_level(logging.ERROR, logger="tierproxy.proxy"):
-        _with_fake_broker(run, SlowListOffsets(fail=True), body)
-    assert any("remote storage exploded" in r.getMessage() for r in caplog.records)
+        _with_fake_broker(run, failing(), body)
+    assert any(message in r.getMessage() for r in caplog.records)
+
+
+class PassingListOffsets(Filter):
+    """Lets every ListOffsets pass (as the Fetch filter lets a Fetch at the tail pass); its
+    check sends the answers of odd correlation ids to the chain, which handles them late."""
+
+    apis = {ApiKey.LIST_OFFSETS: range(1, 2)}
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.checked: list[bytes] = []
+        self.handled: list[tuple[int, bytes]] = []
+
+    def pass_through(self, ctx: ConnectionContext, request: ClientRequest) -> Callable[[Response], bool]:
+        def check(response: Response) -> bool:
+            if self.fail:
+                raise RuntimeError("the answer does not parse")
+            self.checked.append(bytes(response.payload))
+            return request.header.correlation_id % 2 == 0
+
+        return check
+
+    async def handle(self, ctx: ConnectionContext, request: ClientRequest, call_next: CallNext) -> Response:
+        payload = bytes((await call_next(request)).payload)
+        self.handled.append((request.header.correlation_id, payload))
+        await asyncio.sleep(0.2)
+        return Response.encoded(request.api_key, request.api_version, [b"handled:", payload])
+
+
+@RUNNERS
+def test_a_request_its_filters_let_pass_meets_no_chain_unless_its_answer_needs_one(run):
+    passing = PassingListOffsets()
+
+    async def body(server: ProxyServer) -> None:
+        responses = await _in_one_write(server, [
+            _request(ApiKey.LIST_OFFSETS, 1, 2),
+            _request(ApiKey.METADATA, 1, 3),
+            _request(ApiKey.LIST_OFFSETS, 1, 5),  # its answer goes to the chain
+            _request(ApiKey.METADATA, 1, 6),
+            _request(ApiKey.LIST_OFFSETS, 1, 8),
+        ], 5)
+        assert responses == [
+            struct.pack(">i", 2) + b"answer-2",
+            struct.pack(">i", 3) + b"answer-3",
+            struct.pack(">i", 5) + b"handled:answer-5",
+            struct.pack(">i", 6) + b"answer-6",
+            struct.pack(">i", 8) + b"answer-8",
+        ]
+        # Each request reached the broker once, in client order: the chain took the answer
+        # already there, and the requests behind it waited for it.
+        assert FakeBroker.seen == [2, 3, 5, 6, 8]
+        assert passing.checked == [b"answer-2", b"answer-5", b"answer-8"]
+        assert passing.handled == [(5, b"answer-5")]
+
+    _with_fake_broker(run, passing, body)
+

@@ -10,6 +10,7 @@ TOPIC_AUTHORIZATION_FAILED and never a remote byte.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from testbed.fixtures import SASL_USERS
 from tests.helpers.acl import authenticated, consume_until_refused, fetch_at, grant
 from tests.helpers.consume import consume_aiokafka, consume_confluent, expected_by_partition, in_partition_order
 from tests.helpers.consume import record_keys
+from tests.helpers.fetch_sessions import answered, chain_handled, session_fetch
 from tests.helpers.proxy import ProxyThread
 from tests.helpers.tiered import Timed, TieredTopic, TopicSpec
 
@@ -154,6 +156,42 @@ async def test_raw_fetch_of_a_remote_offset_per_principal(proxy, tiered):
                     assert not answer.records
         finally:
             await conn.close()
+
+
+async def test_a_refused_session_fetch_comes_back_as_the_broker_answered_it(sasl_kafka, proxy, tiered, monkeypatch):
+    """carol (DESCRIBE only) and bob (nothing) open fetch sessions at remote and at local
+    offsets, through the proxy and directly: the proxy's answers are the broker's (but for
+    the session id each connection's broker picks), TOPIC_AUTHORIZATION_FAILED, and none of
+    them meets the Fetch filter's chain (so no query of the proxy's own) or the remote tier."""
+    data = tiered
+    handled = chain_handled(monkeypatch)
+    reads = _remote_reads(proxy, data.topic)
+    remote = {p: 0 for p in range(PARTITIONS)}
+    local = {p: data.boundary[p] for p in range(PARTITIONS)}
+    for user in ("carol", "bob"):
+        proxied = await authenticated(proxy.bootstrap_servers, user)
+        direct = await authenticated(sasl_kafka.bootstrap_servers, user)
+        try:
+            for positions in (remote, local):
+                opened = [await conn.request(session_fetch(data.topic, positions, session_id=0, epoch=0))
+                          for conn in (proxied, direct)]
+                assert [r.error_code for r in opened] == [ErrorCode.none] * 2
+                assert {p.error_code for p in answered(opened[0]).values()} == {ErrorCode.topic_authorization_failed}
+                same = [dataclasses.replace(r, session_id=i32(0), throttle_time=opened[1].throttle_time)
+                        for r in opened]
+                assert same[0] == same[1], user
+                if opened[0].session_id and opened[1].session_id:  # the session goes on, still refused
+                    later = [await conn.request(session_fetch(data.topic, positions, session_id=r.session_id,
+                                                              epoch=1))
+                             for conn, r in zip((proxied, direct), opened)]
+                    assert [r.session_id for r in later] == [r.session_id for r in opened]
+                    assert dataclasses.replace(later[0], session_id=i32(0), throttle_time=later[1].throttle_time) \
+                        == dataclasses.replace(later[1], session_id=i32(0))
+        finally:
+            await proxied.close()
+            await direct.close()
+    assert handled == []
+    assert _remote_reads(proxy, data.topic) == reads
 
 
 async def test_list_offsets_of_the_remote_part_is_the_brokers_to_refuse(proxy, tiered):
