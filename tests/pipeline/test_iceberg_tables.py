@@ -1,0 +1,99 @@
+"""Iceberg tables that follow the tier: a tiering pass with `topic.<name>.iceberg.enable=true`
+appends the records of the remote segments to the topic's table (SQL catalog in SQLite, the
+warehouse in the local store), exactly as a read_committed consumer sees them, and exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tierproxy.pipeline.iceberg.commit import ADDED_OFFSETS, COMMITTED_OFFSETS, PENDING_WRITE, table_offsets
+from tierproxy.pipeline.tier import format_summary, run_pass
+from tests.helpers.iceberg import (
+    TOPIC_CONFIG,
+    committed,
+    produce_everything,
+    remote_ends,
+    table_of,
+    table_rows,
+)
+from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, assert_clean, tier_config
+from tests.helpers.produce import produce_codecs
+
+PARTITIONS = 4  # the last one stays empty
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def tiered(spark, kafka_cluster, tmp_path_factory):
+    """The topic produced and tiered by one pass, which appended it to its table."""
+    from testbed.fixtures import Topics
+
+    topics = Topics(kafka_cluster, "iceberg")
+    name = topics(partitions=PARTITIONS, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES, **TOPIC_CONFIG})
+    records = asyncio.run(produce_everything(kafka_cluster.bootstrap_servers, name, PARTITIONS - 1))
+    config = tier_config(tmp_path_factory.mktemp("iceberg"), kafka_cluster.bootstrap_servers, name,
+                         topic_settings={"segment.ms": 1, "iceberg.enable": "true"})
+    report = run_pass(config, spark)
+    yield config, name, records, report
+    topics.delete_all()
+
+
+def _remote_ends(config, name) -> dict[int, int]:
+    return asyncio.run(remote_ends(config, name))
+
+
+def test_a_pass_appends_what_a_read_committed_consumer_sees(tiered):
+    config, name, records, report = tiered
+    assert_clean(report)
+    assert not [r for r in records if r.partition == PARTITIONS - 1]
+    aborted = [r for r in records if not r.committed]
+    assert aborted and {r.source for r in records} >= {"aiokafka-gzip", "aiokafka-snappy", "aiokafka-lz4",
+                                                       "aiokafka-zstd", "aiokafka-none", "specials"}
+    ends = _remote_ends(config, name)
+    # Everything produced was tiered (the pass shipped the tail: segment.ms=1), so the
+    # table must hold every committed record.
+    assert all(ends[p] > max(r.offset for r in records if r.partition == p) for p in range(PARTITIONS - 1))
+    rows = table_rows(config, name)
+    assert rows == committed(records)
+    by_key = {row[2]: row for row in rows if row[0] == 0}
+    assert by_key[b"deleted"][3] is None  # the tombstone is kept
+    assert by_key[b"dup"][4] == (("h", b"1"), ("h", b"2"), ("other", b""), ("h", b"3"))
+    assert len(by_key[b"big"][3]) > 1 << 20
+    assert None in by_key  # the record without a key
+    (line,) = [line for line in format_summary(report).splitlines() if line.startswith(f"iceberg kafka.{name}:")]
+    assert f"{len(rows)} rows" in line
+
+
+def test_the_table_says_what_it_holds_and_its_columns(tiered):
+    config, name, records, report = tiered
+    table = table_of(config, name)
+    summary = table.current_snapshot().summary.additional_properties
+    ends = _remote_ends(config, name)
+    assert json.loads(summary[COMMITTED_OFFSETS]) == {str(p): e for p, e in ends.items()}
+    assert json.loads(summary[ADDED_OFFSETS]) == {str(p): [0, e] for p, e in ends.items()}
+    assert PENDING_WRITE not in table.properties
+    arrow = table.scan().to_arrow()
+    assert arrow.schema.names == ["partition", "offset", "timestamp", "timestamp_type", "leader_epoch", "key",
+                                  "value", "headers"]
+    assert str(arrow.schema.field("timestamp").type) == "timestamp[us, tz=UTC]"
+    assert set(arrow.column("timestamp_type").to_pylist()) == {0}
+    assert min(arrow.column("leader_epoch").to_pylist()) >= 0
+    assert [f.name for f in table.spec().fields] == ["timestamp_day"]
+
+
+def test_a_second_pass_adds_nothing_and_a_third_only_what_is_new(tiered, spark, kafka_cluster):
+    config, name, records, _ = tiered
+    before = table_of(config, name).current_snapshot().snapshot_id
+    report = run_pass(config, spark)
+    assert_clean(report)
+    assert table_of(config, name).current_snapshot().snapshot_id == before
+    more = asyncio.run(produce_codecs(kafka_cluster.bootstrap_servers, name, PARTITIONS - 1, 40))
+    report = run_pass(config, spark)
+    assert_clean(report)
+    (table_report,) = report.tables
+    assert table_report.rows == len(more)
+    assert table_rows(config, name) == committed(records + more)
+    assert table_offsets(table_of(config, name)).next_offsets == _remote_ends(config, name)
