@@ -97,3 +97,76 @@ def test_a_second_pass_adds_nothing_and_a_third_only_what_is_new(tiered, spark, 
     assert table_report.rows == len(more)
     assert table_rows(config, name) == committed(records + more)
     assert table_offsets(table_of(config, name)).next_offsets == _remote_ends(config, name)
+
+
+# The CLI's backfill in a process of its own, killed (SIGKILL) after every data file of the
+# pass was written and before the commit.
+_KILLED_BEFORE_COMMIT = """
+import os, signal, sys
+import tierproxy.pipeline.iceberg.append as append
+append.commit_write = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+from tierproxy.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _properties_file(config, path, **overrides) -> str:
+    import javaproperties
+
+    path.write_text(javaproperties.dumps({**config.raw(), **overrides}))
+    return str(path)
+
+
+def test_a_pass_killed_before_its_commit_leaves_nothing_visible_and_the_next_cleans_up(tiered, spark, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tierproxy.pipeline.iceberg.append import append_tables
+    from tierproxy.pipeline.iceberg.commit import files_of_write
+
+    config, name, _, _ = tiered
+    # A table of its own (another namespace of the same catalog) over the same remote segments.
+    killed = config.with_overrides({"iceberg.namespace": "killed", "spark.master": "local[1]"})
+    properties = _properties_file(killed, tmp_path / "tier.properties")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    result = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_COMMIT, "iceberg", "backfill", "--config",
+                             properties, "--topic", name], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == -9, result.stderr[-3000:]
+    assert "appended" in result.stderr  # the tasks wrote their files
+
+    table = table_of(killed, name)
+    assert table.current_snapshot() is None
+    write_id = table.properties[PENDING_WRITE]
+    leftovers = files_of_write(table, write_id)
+    assert leftovers
+    assert table.scan().to_arrow().num_rows == 0
+
+    (report,) = append_tables(killed, spark)
+    assert report.error is None and report.cleaned == len(leftovers)
+    assert files_of_write(table_of(killed, name), write_id) == []
+    # Each offset once: the same rows as the table the passes kept.
+    assert table_rows(killed, name) == table_rows(config, name)
+    assert PENDING_WRITE not in table_of(killed, name).properties
+
+
+def test_a_backfill_waits_for_no_tiering_pass_it_fails_at_once(tiered, tmp_path, capsys):
+    from tierproxy.cli import main
+    from tierproxy.pipeline.tier import pipeline_lock
+
+    config, name, _, _ = tiered
+    properties = _properties_file(config, tmp_path / "tier.properties")
+    before = table_of(config, name).current_snapshot().snapshot_id
+    with pipeline_lock(config):
+        assert main(["iceberg", "backfill", "--config", properties]) == 1
+    assert "another tiering pass is running" in capsys.readouterr().err
+    assert table_of(config, name).current_snapshot().snapshot_id == before
+
+
+def test_backfill_names_a_topic_without_a_table(tiered, tmp_path, capsys):
+    from tierproxy.cli import main
+
+    config, _, _, _ = tiered
+    properties = _properties_file(config, tmp_path / "tier.properties")
+    assert main(["iceberg", "backfill", "--config", properties, "--topic", "nope"]) == 2
+    assert "nope: no Iceberg table" in capsys.readouterr().err
