@@ -84,3 +84,12 @@ async def remote_ends(config: Config, topic: str) -> dict[int, int]:
             if tp.topic == topic and finished:
                 ends[tp.partition] = max(m.end_offset for m in finished) + 1
     return ends
+
+
+def spark_rows(spark, config: Config, topic: str) -> list[Row]:
+    """The table read by Spark: the data files pyiceberg's scan plans, read as Parquet.
+    (Iceberg's Spark runtime, built for Spark 4.0 and 4.1, does not load in Spark 4.3.)"""
+    tasks = list(table_of(config, topic).scan().plan_files())
+    assert tasks and not any(task.delete_files for task in tasks)
+    frame = spark.read.parquet(*[task.file.file_path for task in tasks])
+    return arrow_rows(frame.toArrow())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.helpers.iceberg import (
     committed,
     produce_everything,
     remote_ends,
+    spark_rows,
     table_of,
     table_rows,
 )
@@ -67,6 +69,11 @@ def test_a_pass_appends_what_a_read_committed_consumer_sees(tiered):
     assert f"{len(rows)} rows" in line
 
 
+def test_spark_reads_the_same_rows(tiered, spark):
+    config, name, records, _ = tiered
+    assert spark_rows(spark, config, name) == table_rows(config, name)
+
+
 def test_the_table_says_what_it_holds_and_its_columns(tiered):
     config, name, records, report = tiered
     table = table_of(config, name)
@@ -97,6 +104,26 @@ def test_a_second_pass_adds_nothing_and_a_third_only_what_is_new(tiered, spark, 
     assert table_report.rows == len(more)
     assert table_rows(config, name) == committed(records + more)
     assert table_offsets(table_of(config, name)).next_offsets == _remote_ends(config, name)
+
+
+def test_status_shows_each_tables_offsets_lag_and_dead_letters(tiered, tmp_path, capsys):
+    from tierproxy.status import status
+
+    config, name, _, _ = tiered
+    ends = _remote_ends(config, name)
+    properties = _properties_file(config, tmp_path / "tier.properties")
+    assert status(properties, [], as_json=True, timeout=30, out=sys.stdout, err=sys.stderr) == 0
+    (table,) = json.loads(capsys.readouterr().out)["iceberg_tables"]
+    assert table["table"] == f"kafka.{name}" and table["exists"]
+    assert table["committed"] == {str(p): ends.get(p, 0) for p in range(PARTITIONS)}
+    assert (table["lag_segments"], table["lag_offsets"], table["dead_letters"]) == (0, 0, 0)
+
+    # A namespace with no table yet: all of the tier is its lag.
+    assert status(properties, ["iceberg.namespace=lagging"], as_json=False, timeout=30, out=sys.stdout,
+                  err=sys.stderr) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith(f"lagging.{name} ")]
+    assert "(no table yet)" in line and line.split()[-2] == str(sum(ends.values()))
 
 
 # The CLI's backfill in a process of its own, killed (SIGKILL) after every data file of the
@@ -170,3 +197,34 @@ def test_backfill_names_a_topic_without_a_table(tiered, tmp_path, capsys):
     properties = _properties_file(config, tmp_path / "tier.properties")
     assert main(["iceberg", "backfill", "--config", properties, "--topic", "nope"]) == 2
     assert "nope: no Iceberg table" in capsys.readouterr().err
+
+
+def test_maintain_compacts_expires_and_keeps_the_offsets(tiered, spark):
+    from tierproxy.pipeline.iceberg.maintain import maintain_tables
+
+    config, name, _, _ = tiered
+    rows = table_rows(config, name)
+    held = table_offsets(table_of(config, name)).next_offsets
+    files = len(list(table_of(config, name).scan().plan_files()))
+    snapshots = len(table_of(config, name).snapshots())
+    assert snapshots >= 2
+
+    (report,) = maintain_tables(config.with_overrides({"iceberg.snapshot.max.age.ms": "0"}), [name])
+    assert report.error is None
+    table = table_of(config, name)
+    assert report.files_compacted > 1 and len(list(table.scan().plan_files())) < files
+    assert report.snapshots_expired >= snapshots - 1 and len(table.snapshots()) == 1
+    assert report.files_deleted >= report.files_compacted
+    assert table_rows(config, name) == rows
+    assert table_offsets(table).next_offsets == held
+
+    # Row retention: rows older than the cut-off go, and no pass brings them back.
+    cutoff = sorted(row[5] for row in rows)[len(rows) // 2]
+    (report,) = maintain_tables(config.with_overrides({f"topic.{name}.iceberg.retention.ms": "1000"}), [name],
+                                now_ms=cutoff + 1000)
+    assert report.error is None and report.rows_deleted
+    assert table_rows(config, name) == [row for row in rows if row[5] >= cutoff]
+    assert table_offsets(table_of(config, name)).next_offsets == held
+    report = run_pass(config, spark)
+    assert_clean(report)
+    assert table_rows(config, name) == [row for row in rows if row[5] >= cutoff]
