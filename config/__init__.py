@@ -245,6 +245,16 @@ def _define(name: str, type_: type[T], default: T | _Required, doc: str, group: 
     return key
 
 
+_PREFIX_KEYS: dict[str, ConfigKey[Any]] = {}
+
+
+def _define_prefix(prefix: str, doc: str, group: str) -> str:
+    """Keys `<prefix><property>` passed through as strings to what they configure (Iceberg's
+    catalog properties keep Iceberg's own names); `Config.prefixed(prefix)` gives them."""
+    _PREFIX_KEYS[prefix] = ConfigKey(f"{prefix}<property>", str, "", doc, group)
+    return prefix
+
+
 def _topic_key(name: str, type_: type, doc: str, validator: Callable[[Any], None] | None = None, *,
                default: Any = None) -> None:
     """A Kafka topic-level setting, given as `topic.<name>.<key>`; without a `default` it
@@ -443,6 +453,17 @@ _topic_key("retention.ms", int, "Remote retention; -1 keeps forever.", Range(-1)
 _topic_key("retention.bytes", int, "Remote retention bytes; -1 for no limit.", Range(-1))
 _topic_key("segment.bytes", int, "Size of a remote segment.", Range(1))
 _topic_key("segment.ms", int, "Age at which a remote segment is cut.", Range(1))
+ICEBERG_PARTITION_SPECS = ("day", "hour", "partition", "partition,day", "partition,hour", "none")
+_topic_key("iceberg.enable", bool, "Keep an Iceberg table of this tiered topic (`<iceberg.namespace>.<topic>`): "
+           "after each tiering pass the records of the newly copied remote segments are appended to it, read "
+           "from the remote segments (never the broker) as a read_committed consumer sees them; the first "
+           "pass backfills every remote segment.", default=False)
+_topic_key("iceberg.partition.spec", str, "How the topic's Iceberg table is partitioned: by `day` or `hour` of "
+           "the record timestamp, by Kafka `partition` (identity), both, or `none`. Read when the table is "
+           "created.", OneOf(ICEBERG_PARTITION_SPECS), default="day")
+_topic_key("iceberg.retention.ms", int, "Rows of the Iceberg table older than this (by record timestamp) are "
+           "deleted by `tierproxy iceberg maintain`; -1 keeps them however remote retention expires segments.",
+           Range(-1), default=-1)
 
 # Topic-level name -> the default key it falls back to.
 TOPIC_DEFAULTS = {
@@ -465,6 +486,24 @@ PIPELINE_METRICS_PORT = _define("pipeline.metrics.port", int, 9405,
         "Port of the Prometheus metrics endpoint of `tierproxy tier --every` (on proxy.listener.host), apart "
         "from metrics.port so that `serve` and the pipeline run from one file on one machine; 0 disables it. "
         "docs/metrics.md lists the metrics.", "pipeline", validator=Range(0, 65535))
+# Iceberg tables of tiered topics (pipeline/iceberg)
+ICEBERG_NAMESPACE = _define("iceberg.namespace", str, "kafka",
+        "Iceberg namespace of the topics' tables (`topic.<name>.iceberg.enable`); created when missing.", "iceberg",
+        validator=None)
+ICEBERG_CATALOG_PREFIX = _define_prefix("iceberg.catalog.",
+        "The Iceberg catalog's own properties, under the names Iceberg gives them (`iceberg.catalog.type=rest`, "
+        "`iceberg.catalog.uri=https://...`, `iceberg.catalog.warehouse`, `iceberg.catalog.s3.endpoint`, "
+        "`iceberg.catalog.credential`, ...). None given: a SQL catalog in the SQLite file "
+        "`<remote.log.metadata.dir>/iceberg/catalog.db` with the warehouse in the tier's own store "
+        "(`<remote.log.storage.local.dir>/iceberg`, or `s3://<bucket>/<remote.log.storage.key.prefix>/iceberg` "
+        "with the store's endpoint and credentials).", "iceberg")
+ICEBERG_TARGET_FILE_SIZE_BYTES = _define("iceberg.write.target.file.size.bytes", int, 64 * MIB,
+        "Arrow bytes of records a Spark task gathers before it writes them as one Parquet data file: what "
+        "bounds a task's memory, whatever the size of the segment it reads.", "iceberg", validator=Range(MIB))
+ICEBERG_SNAPSHOT_MAX_AGE_MS = _define("iceberg.snapshot.max.age.ms", int, 5 * 24 * 3_600_000,
+        "`tierproxy iceberg maintain` expires snapshots older than this (the newest one always stays).", "iceberg",
+        validator=Range(0))
+
 PIPELINE_TEST_FAIL_AFTER_OBJECTS = _define("pipeline.test.fail.after.objects", int, 0,
         "Test hook: the first attempt of a copy task fails after uploading this many objects "
         "(0, the default, turns it off). Only for fault-injection tests.", "pipeline", validator=Range(0))
@@ -581,6 +620,8 @@ PROXY_SSL_KEY_PASSWORD = _define("proxy.ssl.key.password", str, "", "Password of
 
 KEYS: Mapping[str, ConfigKey[Any]] = {key.name: key for key in _KEYS}
 TOPIC_KEYS: Mapping[str, ConfigKey[Any]] = _TOPIC_KEYS
+#: prefix -> its declaration, named `<prefix><property>`
+PREFIX_KEYS: Mapping[str, ConfigKey[Any]] = _PREFIX_KEYS
 _ALIASES = {key.alias: key for key in _KEYS if key.alias}
 _TOPIC_PREFIX = "topic."
 
@@ -600,6 +641,9 @@ class TopicConfig:
     retention_bytes: int
     segment_bytes: int
     segment_ms: int
+    iceberg_enable: bool = False
+    iceberg_partition_spec: str = "day"
+    iceberg_retention_ms: int = -1
 
 
 class Settings(Protocol):
@@ -654,6 +698,10 @@ class Config:
     def topic(self, name: str) -> TopicConfig:
         """Settings of any topic: its overrides, else the defaults (not tiered)."""
         return self.topics.get(name) or _topic_config(name, {}, self.values)
+
+    def prefixed(self, prefix: str) -> dict[str, str]:
+        """The pass-through keys under `prefix` (one of PREFIX_KEYS), without it."""
+        return {name[len(prefix):]: value for name, value in self.values.items() if name.startswith(prefix)}
 
     def with_overrides(self, overrides: Mapping[str, str]) -> Config:
         return parse({**self.raw(), **overrides}, source=self.source)
@@ -732,6 +780,8 @@ def parse(properties: Mapping[str, str], *, source: str = "<properties>") -> Con
             if key.name in properties:
                 raise ConfigError(f"{name} and {key.name} set the same thing; give only one")
             values[key.name] = key.parse(text, as_name=name)
+        elif any(name.startswith(prefix) and len(name) > len(prefix) for prefix in PREFIX_KEYS):
+            values[name] = text
         elif name.startswith(_TOPIC_PREFIX) and (split := _split_topic_key(name)):
             topic, setting = split
             topic_overrides.setdefault(topic, {})[setting] = TOPIC_KEYS[setting].parse(text, as_name=name)

@@ -97,6 +97,10 @@ SCHEMA = StructType(
 )
 # What Spark checks a returned Arrow batch against (its data source worker uses UTC).
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+# `read_slice(..., leader_epoch=True)`: each record's batch's partition leader epoch too (the
+# Iceberg tables keep it; Spark's Kafka source schema has no such column).
+LEADER_EPOCH = "leaderEpoch"
+ARROW_SCHEMA_WITH_LEADER_EPOCH = ARROW_SCHEMA.append(pa.field(LEADER_EPOCH, pa.int32()))
 
 # Spark's Kafka source's JSON offsets: -2 the earliest offset, -1 the latest.
 EARLIEST = -2
@@ -381,10 +385,12 @@ def read_slice(
     topic: str,
     starting_timestamp: int | None = None,
     ending_timestamp: int | None = None,
+    leader_epoch: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """The slice's records as Arrow batches, read from the remote segment batch by batch."""
+    """The slice's records as Arrow batches, read from the remote segment batch by batch;
+    with `leader_epoch`, a last column LEADER_EPOCH (ARROW_SCHEMA_WITH_LEADER_EPOCH)."""
     with asyncio.Runner() as runner:
-        arrow = _arrow_batches(config, piece, topic, starting_timestamp, ending_timestamp)
+        arrow = _arrow_batches(config, piece, topic, starting_timestamp, ending_timestamp, leader_epoch)
 
         async def step() -> pa.RecordBatch | None:
             return await anext(arrow, None)
@@ -397,9 +403,10 @@ def read_slice(
 
 
 async def _arrow_batches(
-    config: Config, piece: SegmentSlice, topic: str, starting_timestamp: int | None, ending_timestamp: int | None
+    config: Config, piece: SegmentSlice, topic: str, starting_timestamp: int | None, ending_timestamp: int | None,
+    leader_epoch: bool = False,
 ) -> AsyncGenerator[pa.RecordBatch, None]:
-    rows = _ArrowRows(topic, piece.segment.topic_id_partition.partition)
+    rows = _ArrowRows(topic, piece.segment.topic_id_partition.partition, leader_epoch=leader_epoch)
     async with _reader(config) as reader:
         position = await _start_position(reader, piece, starting_timestamp)
         batches = reader.batches(piece.segment, position, from_offset=piece.first_offset)
@@ -457,9 +464,11 @@ class _ArrowRows:
     """Records gathered into Arrow record batches of at most _ARROW_BATCH_ROWS rows or about
     _ARROW_BATCH_BYTES of keys and values."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, *, leader_epoch: bool = False) -> None:
         self.topic = topic
         self.partition = partition
+        self.schema = ARROW_SCHEMA_WITH_LEADER_EPOCH if leader_epoch else ARROW_SCHEMA
+        self.leader_epochs: list[int] | None = [] if leader_epoch else None
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
@@ -477,6 +486,8 @@ class _ArrowRows:
 
     def add(self, batch: Batch, records: list[Record]) -> None:
         timestamp_type = int(batch.header.timestamp_type)
+        if self.leader_epochs is not None:
+            self.leader_epochs.extend([batch.header.partition_leader_epoch] * len(records))
         for record in records:
             self.keys.append(record.key)
             self.values.append(record.value)
@@ -499,10 +510,13 @@ class _ArrowRows:
             pa.array(self.timestamp_types, types[6]),
             pa.array(self.headers, types[7]),
         ]
+        if self.leader_epochs is not None:
+            columns.append(pa.array(self.leader_epochs, pa.int32()))
+            self.leader_epochs.clear()
         for column in (self.keys, self.values, self.offsets, self.timestamps, self.timestamp_types, self.headers):
             column.clear()
         self.size = 0
-        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
 # ----------------------------------------------------------------------------- Spark

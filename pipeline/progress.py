@@ -1,4 +1,4 @@
-"""Progress of the copy job, one line at a time on stderr (no terminal control codes, so
+"""Progress of a job of the pipeline (the copy, or an Iceberg table's append), one line at a time on stderr (no terminal control codes, so
 it reads the same in a terminal, a log file or CI).
 
 Tasks add {"topic-partition": (bytes, segments)} to an accumulator when they finish; Spark
@@ -33,19 +33,21 @@ class PartitionBytes(AccumulatorParam):
 
 class CopyProgress:
     def __init__(self, spark, job_group: str, partitions: int, *, stream: TextIO | None = None,
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0, label: str = "tier", done: str = "copied", unit: str = "partitions") -> None:
         self.sc = spark.sparkContext
         self.accumulator = self.sc.accumulator({}, PartitionBytes())
         self.job_group = job_group
         self.partitions = partitions
         self.stream = stream if stream is not None else sys.stderr
         self.interval_s = interval_s
+        # How lines start and say what was done: "[tier ...] topic-0: 2 segment(s), 1.0 MB copied".
+        self.label, self.done, self.unit = label, done, unit
         self.started = time.monotonic()
         self._reported: set[str] = set()
         self._last_total = 0.0
 
     def _print(self, text: str) -> None:
-        print(f"[tier {time.monotonic() - self.started:6.1f}s] {text}", file=self.stream, flush=True)
+        print(f"[{self.label} {time.monotonic() - self.started:6.1f}s] {text}", file=self.stream, flush=True)
 
     def _tasks(self) -> tuple[int, int]:
         """(running, failed) task attempts of the job group."""
@@ -72,7 +74,7 @@ class CopyProgress:
         for key in sorted(set(done) - self._reported):
             size, segments = done[key]
             self._reported.add(key)
-            self._print(f"{key}: {segments} segment(s), {size / MB:.1f} MB copied")
+            self._print(f"{key}: {segments} segment(s), {size / MB:.1f} MB {self.done}")
             if segments:
                 copied.append(key)
         now = time.monotonic()
@@ -82,6 +84,6 @@ class CopyProgress:
             elapsed = max(now - self.started, 1e-9)
             running, failed = self._tasks() if not final else (0, 0)
             retried = f", {failed} failed attempt(s)" if failed else ""
-            self._print(f"{len(done)}/{self.partitions} partitions copied, {running} running{retried}, "
+            self._print(f"{len(done)}/{self.partitions} {self.unit} {self.done}, {running} running{retried}, "
                         f"{total / MB:.1f} MB, {total / MB / elapsed:.1f} MB/s")
         return copied

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from tierproxy.config import Config, SPARK_APP_NAME, SPARK_MASTER
@@ -72,3 +74,32 @@ def task_slots(spark) -> int:
     spark.task.cpus."""
     sc = spark.sparkContext
     return max(1, sc.defaultParallelism // int(sc.getConf().get("spark.task.cpus", "1")))
+
+
+def run_job(spark, group: str, description: str, items: Sequence[Any], task: Callable[[Any], Any],
+            poll: Callable[[bool], object]) -> list[Any]:
+    """`task` over `items` on Spark, one task each, under job group `group`; the results in
+    order. `poll(final)` runs every half second while the job runs (progress lines), and
+    once more with final=True when it is over."""
+    sc = spark.sparkContext
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            # A job group is a property of the calling thread: set it where the job runs.
+            sc.setJobGroup(group, description)
+            outcome["results"] = sc.parallelize(items, len(items)).map(task).collect()
+        except BaseException as e:  # handed to the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=job, name=f"{group}-job", daemon=True)
+    thread.start()
+    while True:
+        thread.join(0.5)
+        alive = thread.is_alive()
+        poll(not alive)
+        if not alive:
+            break
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["results"]

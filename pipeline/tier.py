@@ -156,6 +156,8 @@ class PassReport:
     unplanned: dict[tuple[str, int], str] = field(default_factory=dict)
     dry_run: bool = False  # what a pass would do (`pipeline.dry_run`); nothing was changed
     publish_error: str | None = None  # the remote log metadata could not be published into the store
+    # Iceberg tables appended after the pass's commits (`pipeline.iceberg.append.TableReport`)
+    tables: list[Any] = field(default_factory=list)
 
     @property
     def segments(self) -> int:
@@ -182,7 +184,8 @@ class PassReport:
         failures = getattr(self.retention, "failures", None) or []
         errors += [f"{f.step} {f.partition}: {f.error}" for f in failures]
         errors += [error for _, error in self.disabled.refused]
-        return errors + [f"remote storage disable {tp}: {error}" for tp, error in self.disabled.failures]
+        errors += [f"remote storage disable {tp}: {error}" for tp, error in self.disabled.failures]
+        return errors + [f"iceberg {t.table}: {t.error}" for t in self.tables if t.error]
 
     @property
     def ok(self) -> bool:
@@ -257,37 +260,20 @@ def _run_copy_job(spark: Any, config: Config, plans: list[PartitionPlan], stream
     """The copy tasks of `plans` on Spark; `on_copied("topic-partition")` as each task that
     copied a segment or more finishes, while the others still run."""
     from .progress import CopyProgress
-    from .spark import max_task_attempts
+    from .spark import max_task_attempts, run_job
 
-    sc = spark.sparkContext
     group = f"tierproxy-tier-{uuid.uuid4().hex[:8]}"
     progress = CopyProgress(spark, group, len(plans), stream=stream)
     task = _task(config.raw(), max_task_attempts(spark), progress.accumulator,
                  copy_quota_share(config, spark, len(plans)))
-    outcome: dict[str, Any] = {}
 
-    def job() -> None:
-        try:
-            # A job group is a property of the calling thread: set it where the job runs.
-            sc.setJobGroup(group, f"tierproxy tier: copy {len(plans)} partition(s)")
-            outcome["results"] = sc.parallelize(plans, len(plans)).map(task).collect()
-        except BaseException as e:  # handed to the caller's thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=job, name="tierproxy-copy-job", daemon=True)
-    thread.start()
-    while True:
-        thread.join(0.5)
-        alive = thread.is_alive()
-        copied = progress.poll(final=not alive)
+    def poll(final: bool) -> None:
+        copied = progress.poll(final=final)
         if on_copied is not None:
             for partition in copied:
                 on_copied(partition)
-        if not alive:
-            break
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["results"]
+
+    return run_job(spark, group, f"tierproxy tier: copy {len(plans)} partition(s)", plans, task, poll)
 
 
 # ----------------------------------------------------------------------------- one pass
@@ -400,11 +386,26 @@ def run_pass(config: Config, spark: Any, *, stream: TextIO | None = None, retent
                               on_copied=on_copied))
         except Exception as e:
             report.error = log_failure(log, logging.ERROR, "tiering pass", e)
+        if not dry_run:
+            # After the pass's commits, from the remote segments alone: a failure here is
+            # reported and undoes nothing of the pass.
+            report.tables = _table_step(config, spark, stream)
     report.seconds = time.monotonic() - started
     if summary:
         text = json.dumps(summary_json(report), separators=(",", ":")) if as_json else format_summary(report)
         print(text, file=output if output is not None else sys.stdout, flush=True)
     return report
+
+
+def _table_step(config: Config, spark: Any, stream: TextIO) -> list[Any]:
+    """The Iceberg tables of the topics that have one (`pipeline.iceberg`)."""
+    from .iceberg.settings import enabled_topics
+
+    if not enabled_topics(config):
+        return []
+    from .iceberg.append import append_tables
+
+    return append_tables(config, spark, stream=stream)
 
 
 # ----------------------------------------------------------------------------- summary
@@ -437,6 +438,10 @@ def format_summary(report: PassReport) -> str:
     if report.disabled.removed:
         lines.append("remote data deleted, remote storage turned off (remote.log.delete.on.disable): "
                      + ", ".join(f"{r.topic_id_partition} ({r.segments} segments)" for r in report.disabled.removed))
+    if report.tables:
+        from .iceberg.append import format_reports
+
+        lines += format_reports(report.tables)
     for error in report.errors:
         lines.append(f"ERROR {error}")
     if report.dry_run:
@@ -465,6 +470,11 @@ def summary_json(report: PassReport) -> dict[str, Any]:
         "segments": report.segments, "bytes": report.bytes, "partitions": partitions,
         "removed_partitions": [str(r.topic_id_partition) for r in removed],
         "remote_storage_disabled": [str(r.topic_id_partition) for r in report.disabled.removed],
+        "iceberg_tables": [{
+            "table": t.table, "rows": t.rows, "segments": t.segments, "files": t.files, "bytes": t.bytes,
+            "added": {str(p): list(r) for p, r in sorted(t.added.items())},
+            "gaps": {str(p): list(r) for p, r in sorted(t.gaps.items())}, "error": t.error,
+        } for t in report.tables],
         "errors": report.errors,
     }
 

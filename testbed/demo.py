@@ -3,7 +3,9 @@
 1. start a real Kafka broker (testbed) and create the topic `orders` (3 partitions);
 2. produce sample orders;
 3. run `tierproxy tier` (Spark local mode, local-file remote store, file metadata):
-   it copies the data into remote segments and then trims the broker's local log;
+   it copies the data into remote segments and then trims the broker's local log, and
+   appends the records of those segments to the Iceberg table `kafka.orders`, whose
+   rows per partition are then printed (read with pyiceberg);
 4. produce more orders (these stay on the broker);
 5. start `tierproxy serve` and consume `orders` from offset 0 through it;
 6. print how many records came from the remote tier and how many from the broker,
@@ -60,6 +62,8 @@ topic.{TOPIC}.segment.bytes=65536
 topic.{TOPIC}.segment.ms=2000
 topic.{TOPIC}.local.retention.ms=0
 topic.{TOPIC}.retention.ms=-1
+# ...and keep an Iceberg table of it (kafka.{TOPIC}, a SQL catalog in SQLite beside the metadata).
+topic.{TOPIC}.iceberg.enable=true
 proxy.listener.host=127.0.0.1
 proxy.bootstrap.port={proxy_port}
 proxy.broker.port.base={node_base}
@@ -178,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[demo] tierproxy tier failed with exit status {tier.returncode}", file=sys.stderr)
                 return 1
 
+            in_table = _table_counts(config)
+            print(f"[demo] Iceberg table kafka.{TOPIC}, SELECT partition, count(*) GROUP BY partition: "
+                  + ", ".join(f"{p}: {n}" for p, n in sorted(in_table.items())), flush=True)
+            if not in_table:
+                return 1
+
             more = asyncio.run(_produce(to_broker, args.records, args.records // 3))
             produced.update(more)
             print(f"[demo] produced {len(more)} more orders (these stay on the broker)", flush=True)
@@ -210,6 +220,17 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"[demo] kept {work}", flush=True)
+
+
+def _table_counts(path: Path) -> dict[int, int]:
+    """Rows per partition of the topic's Iceberg table, read with pyiceberg."""
+    from tierproxy.config import load
+    from tierproxy.pipeline.iceberg.settings import load_catalog, table_settings
+
+    config = load(path)
+    table = load_catalog(config).load_table(table_settings(config, TOPIC).identifier)
+    rows = table.scan(selected_fields=("partition",)).to_arrow().group_by("partition").aggregate([("partition", "count")])
+    return dict(zip(rows.column("partition").to_pylist(), rows.column("partition_count").to_pylist()))
 
 
 def _stop(proxy: subprocess.Popen | None) -> None:

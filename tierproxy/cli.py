@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     _add_tier(commands)
     _add_replica(commands)
+    _add_iceberg(commands)
     _add_loadtest(commands)
     return parser
 
@@ -50,7 +51,7 @@ def _security_epilog() -> str:
 # What each extra of pyproject.toml brings (module: distribution), for the subcommands
 # that need it: `pip install kafka-tierproxy` alone is the proxy.
 EXTRAS: dict[str, dict[str, str]] = {
-    "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas"},
+    "pipeline": {"pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas", "pyiceberg": "pyiceberg"},
     "loadtest": {"confluent_kafka": "confluent-kafka"},
 }
 
@@ -165,6 +166,21 @@ def _add_replica(commands) -> None:
     _config_arguments(create)
     _log_level(create, "WARNING")
     replica.set_defaults(run=_lazy("tierproxy.replica"))
+
+
+def _add_iceberg(commands) -> None:
+    iceberg = commands.add_parser("iceberg", help="the Iceberg tables of tiered topics (topic.<name>.iceberg.enable)")
+    actions = iceberg.add_subparsers(dest="iceberg_command", metavar="ACTION", required=True)
+    backfill = actions.add_parser("backfill", help="append every remote segment not yet in each table (a Spark job)")
+    maintain = actions.add_parser("maintain", help="expire old snapshots, compact small files, apply "
+                                                   "topic.<name>.iceberg.retention.ms")
+    from .iceberg import add_arguments
+
+    for action in (backfill, maintain):
+        _config_arguments(action)
+        _log_level(action, "INFO")
+        add_arguments(action)
+    iceberg.set_defaults(run=_lazy("tierproxy.iceberg", extra="pipeline"))
 
 
 def _add_loadtest(commands) -> None:

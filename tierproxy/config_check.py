@@ -27,6 +27,7 @@ from tierproxy.config import (
     GIB,
     KEYS,
     MIB,
+    PREFIX_KEYS,
     REQUIRED,
     TOPIC_KEYS,
     Config,
@@ -188,7 +189,7 @@ def _doc(key: ConfigKey) -> str:
 
 def generate_docs() -> str:
     groups: dict[str, list[ConfigKey]] = {}
-    for key in KEYS.values():
+    for key in (*KEYS.values(), *PREFIX_KEYS.values()):
         groups.setdefault(key.group, []).append(key)
     lines = [
         "# Configuration reference",

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import shutil
 import sys
@@ -170,6 +171,7 @@ class Report:
     replica_topics: frozenset[str] = frozenset()  # topic.<name>.remote.log.read.replica=true
     metadata_problems: list[str] = field(default_factory=list)  # the remote log metadata as a whole
     topic_problems: tuple[str, ...] = ()  # of whole topics (a replica topic's partitions)
+    tables: list[Any] = field(default_factory=list)  # pipeline.iceberg.status.TableStatus, per table
 
     @property
     def ok(self) -> bool:
@@ -186,7 +188,9 @@ class Report:
         return {"ok": self.ok, "partitions": partitions, "missing_topics": self.missing_topics,
                 "encryption_keys": [asdict(k) for k in self.encryption_keys],
                 "metadata_published_seconds_ago": self.metadata_published_seconds_ago,
-                "metadata_problems": self.metadata_problems, "topic_problems": list(self.topic_problems)}
+                "metadata_problems": self.metadata_problems, "topic_problems": list(self.topic_problems),
+                "iceberg_tables": [{**asdict(t), "committed": {str(p): o for p, o in t.committed.items()}}
+                                   for t in self.tables]}
 
 
 # --------------------------------------------------------------------------- collecting
@@ -398,6 +402,7 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
         found = {tp: await _segments_found(rsm, key_ring, finished[tp], verify=verify) for tp in tps}
         published_ago = _published_seconds_ago(rlmm)
         topic_problems = _replica_partition_problems(replica_names, topics, published, rlmm)
+        tables = await asyncio.to_thread(_tables, config, topics, finished)
     configured = key_files(config[REMOTE_LOG_STORAGE_ENCRYPTION_KEYS])
     partitions = []
     for tp in tps:
@@ -413,7 +418,26 @@ async def collect(config: Config, *, timeout: float = DEFAULT_TIMEOUT_S,
             unnamed[tp][1] + warnings,
         ))
     return Report(partitions, missing, _key_usage(config, partitions), published_ago, replica_names,
-                  metadata_problems, topic_problems)
+                  metadata_problems, topic_problems, tables)
+
+
+def _tables(config: Config, topics: dict[str, TopicInfo],
+            finished: dict[tuple[str, int], list[RemoteLogSegmentMetadata]]) -> list[Any]:
+    """The Iceberg tables of the topics that have one (the pipeline's extra brings pyiceberg)."""
+    names = [t.name for t in config.tiered_topics if t.iceberg_enable and t.name in topics]
+    if not names or importlib.util.find_spec("pyiceberg") is None:
+        return []
+    from tierproxy.pipeline.failures import one_line
+    from tierproxy.pipeline.iceberg.status import TableStatus, table_status
+
+    tables = []
+    for name in names:
+        segments = {p: finished[(t, p)] for t, p in finished if t == name}
+        try:
+            tables.append(table_status(config, name, str(topics[name].topic_id), segments))
+        except Exception as e:  # the catalog is down: the offsets are still worth showing
+            tables.append(TableStatus(f"{name}", False, error=one_line(e)))
+    return tables
 
 
 def _replica_partition_problems(names: frozenset[str], topics: dict[str, TopicInfo], published: dict[str, int],
@@ -467,6 +491,11 @@ def format_table(report: Report) -> str:
     if report.metadata_published_seconds_ago is not None:
         lines.append(f"Remote log metadata published into the remote store "
                      f"{report.metadata_published_seconds_ago:.0f}s ago (remote.log.metadata.backend=remote).")
+    if report.tables:
+        from tierproxy.pipeline.iceberg.status import format_tables
+
+        lines.append("")
+        lines += format_tables(report.tables)
     if report.encryption_keys:
         lines.append("")
         keys = [("KEY", "FILE", "SEGMENTS")] + [
