@@ -7,7 +7,7 @@ import datetime
 import time
 from typing import Any
 
-from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+from confluent_kafka.admin import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
@@ -22,11 +22,22 @@ from tierproxy.protocol.codecs import encode_request
 from tierproxy.protocol.framing import encode_frame
 
 
-def grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str, *operations: AclOperation) -> None:
+def grant(cluster: KafkaCluster, principal: str, resource: ResourceType, name: str, *operations: AclOperation,
+          timeout_s: float = 30) -> None:
+    """Allow `operations` on the resource, and return once the broker authorizes with them:
+    CreateAcls answers when the controller has committed them, and the broker's authorizer
+    applies them a moment later (DescribeAcls is answered from that authorizer)."""
     bindings = [AclBinding(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", "*", op,
                            AclPermissionType.ALLOW) for op in operations]
-    for future in cluster.admin().create_acls(bindings, request_timeout=30).values():
+    admin = cluster.admin()
+    for future in admin.create_acls(bindings, request_timeout=30).values():
         future.result(30)
+    wanted = AclBindingFilter(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", None,
+                              AclOperation.ANY, AclPermissionType.ALLOW)
+    deadline = time.monotonic() + timeout_s
+    while not set(operations) <= {b.operation for b in admin.describe_acls(wanted).result(30)}:
+        assert time.monotonic() < deadline, f"the broker's authorizer never had {operations} for {principal} on {name}"
+        time.sleep(0.05)
 
 
 async def authenticated(address: str, user: str) -> KafkaConnection:

@@ -13,8 +13,7 @@ import javaproperties
 import pytest
 from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                              TopicPartition)
-from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
-                                   ResourcePatternType, ResourceType)
+from confluent_kafka.admin import AclOperation, ResourceType
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -22,6 +21,7 @@ from testbed import probe
 from testbed.fixtures import SECURE_USERS, Topics
 from testbed.kafka import SECURE_MECHANISMS, KafkaCluster
 from testbed.processes import is_alive, pids_running
+from tests.helpers.acl import grant
 from tests.helpers.testbed_cli import run_testbed, up
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,19 +29,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def _allow(cluster: KafkaCluster, user: str, topic: str, group: str) -> None:
     """All operations on ``topic`` and ``group`` for ``user``, once the authorizer has them."""
-    principal = f"User:{user}"
-    bindings = [AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*",
-                           AclOperation.ALL, AclPermissionType.ALLOW)
-                for kind, name in ((ResourceType.TOPIC, topic), (ResourceType.GROUP, group))]
-    for future in cluster.admin().create_acls(bindings).values():
-        future.result(10)
-    wanted = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,
-                              AclOperation.ANY, AclPermissionType.ANY)
-    deadline = time.monotonic() + 10
-    while len({b.name for b in cluster.admin().describe_acls(wanted).result(10)}
-               & {topic, group}) < 2:
-        assert time.monotonic() < deadline, f"ACLs for {principal} not visible"
-        time.sleep(0.05)
+    grant(cluster, user, ResourceType.TOPIC, topic, AclOperation.ALL)
+    grant(cluster, user, ResourceType.GROUP, group, AclOperation.ALL)
 
 
 def _produce(config: dict[str, str], topic: str, values: list[bytes]) -> list[KafkaError]:
