@@ -583,15 +583,11 @@ class ClientConnection(asyncio.Protocol):
         if future.done():
             return
         try:
-            header_version = response_header_version(in_flight.api_key, in_flight.api_version)
-            if header_version is None:
-                raise DecodeError(f"no response header version for {api_name(in_flight.api_key)} "
-                                  f"v{in_flight.api_version}")
-            _, offset = parse_response_header(body, header_version)
+            payload = _response_payload(in_flight.api_key, in_flight.api_version, body)
         except ProtocolError as e:
             future.set_exception(e)
             return
-        future.set_result(body[offset:])
+        future.set_result(payload)
 
     def _passed_answered(self, in_flight: _InFlight, body: memoryview) -> None:
         """The broker answered a request its filters let pass: back as it came when their
@@ -602,11 +598,8 @@ class ClientConnection(asyncio.Protocol):
         request = passed.request
         header = request.header
         try:
-            header_version = response_header_version(header.api_key, header.api_version)
-            if header_version is None:
-                raise DecodeError(f"no response header version for {api_name(header.api_key)} v{header.api_version}")
-            _, offset = parse_response_header(body, header_version)
-            answer = Response.encoded(header.api_key, header.api_version, [body[offset:]])
+            answer = Response.encoded(header.api_key, header.api_version,
+                                      [_response_payload(header.api_key, header.api_version, body)])
             as_is = as_answered(passed.checks, answer)
         except Exception as e:
             self._filters_failed(passed.chain, header, e)
@@ -688,6 +681,15 @@ class ClientConnection(asyncio.Protocol):
                 self._client.close()
             else:
                 self._client.abort()
+
+
+def _response_payload(api_key: int, api_version: int, body: memoryview) -> memoryview:
+    """A response frame body without its response header. Raises ProtocolError."""
+    header_version = response_header_version(api_key, api_version)
+    if header_version is None:
+        raise DecodeError(f"no response header version for {api_name(api_key)} v{api_version}")
+    _, offset = parse_response_header(body, header_version)
+    return body[offset:]
 
 
 def _reason_label(reason: str | None, level: int) -> str:
