@@ -92,12 +92,13 @@ def append_tables(config: Config, spark: Any, *, topics: Iterable[str] | None = 
     names = list(topics) if topics is not None else enabled_topics(config)
     if not names:
         return reports
-    catalog = load_catalog(config)
+    catalog = None
     for topic in names:
         settings = table_settings(config, topic)
         report = TableReport(topic, settings.name)
         started = time.monotonic()
         try:
+            catalog = catalog if catalog is not None else load_catalog(config)
             _append_topic(config, spark, catalog, report, stream)
         except Exception as e:
             report.error = log_failure(log, logging.ERROR, f"iceberg table {settings.name}", e)

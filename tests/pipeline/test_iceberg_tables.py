@@ -22,10 +22,13 @@ from tests.helpers.iceberg import (
     table_rows,
 )
 from tests.helpers.pipeline import BROKER_SEGMENT_BYTES, assert_clean, tier_config
-from tests.helpers.produce import produce_codecs
+from tests.helpers.produce import produce_codecs, until_older
 
 PARTITIONS = 4  # the last one stays empty
-pytestmark = pytest.mark.timeout(300)
+# Ship the tail: it is older than this when a pass runs (the tests wait for it).
+SEGMENT_MS = 3000
+# A broker, Spark and a pass set up on a shared two-core machine.
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,9 @@ def tiered(spark, kafka_cluster, tmp_path_factory):
     topics = Topics(kafka_cluster, "iceberg")
     name = topics(partitions=PARTITIONS, config={"internal.segment.bytes": BROKER_SEGMENT_BYTES, **TOPIC_CONFIG})
     records = asyncio.run(produce_everything(kafka_cluster.bootstrap_servers, name, PARTITIONS - 1))
+    asyncio.run(until_older(records, SEGMENT_MS))
     config = tier_config(tmp_path_factory.mktemp("iceberg"), kafka_cluster.bootstrap_servers, name,
-                         topic_settings={"segment.ms": 1, "iceberg.enable": "true"})
+                         topic_settings={"segment.ms": SEGMENT_MS, "iceberg.enable": "true"})
     report = run_pass(config, spark)
     yield config, name, records, report
     topics.delete_all()
@@ -55,7 +59,7 @@ def test_a_pass_appends_what_a_read_committed_consumer_sees(tiered):
     assert aborted and {r.source for r in records} >= {"aiokafka-gzip", "aiokafka-snappy", "aiokafka-lz4",
                                                        "aiokafka-zstd", "aiokafka-none", "specials"}
     ends = _remote_ends(config, name)
-    # Everything produced was tiered (the pass shipped the tail: segment.ms=1), so the
+    # Everything produced was tiered (the pass shipped the tail, older than segment.ms), so the
     # table must hold every committed record.
     assert all(ends[p] > max(r.offset for r in records if r.partition == p) for p in range(PARTITIONS - 1))
     rows = table_rows(config, name)
@@ -98,6 +102,7 @@ def test_a_second_pass_adds_nothing_and_a_third_only_what_is_new(tiered, spark, 
     assert_clean(report)
     assert table_of(config, name).current_snapshot().snapshot_id == before
     more = asyncio.run(produce_codecs(kafka_cluster.bootstrap_servers, name, PARTITIONS - 1, 40))
+    asyncio.run(until_older(more, SEGMENT_MS))
     report = run_pass(config, spark)
     assert_clean(report)
     (table_report,) = report.tables
@@ -124,6 +129,22 @@ def test_status_shows_each_tables_offsets_lag_and_dead_letters(tiered, tmp_path,
     out = capsys.readouterr().out
     (line,) = [line for line in out.splitlines() if line.startswith(f"lagging.{name} ")]
     assert "(no table yet)" in line and line.split()[-2] == str(sum(ends.values()))
+
+
+def test_a_catalog_that_does_not_answer_fails_the_table_step_not_the_pass(tiered, spark):
+    import socket
+
+    config, name, _, _ = tiered
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    down = config.with_overrides({"iceberg.catalog.type": "rest", "iceberg.catalog.uri": f"http://127.0.0.1:{port}"})
+    report = run_pass(down, spark)
+    assert not report.ok and report.error is None
+    (error,) = report.errors
+    assert error.startswith(f"iceberg kafka.{name}: ") and "Connection" in error
+    assert not any(p.error for p in report.partitions)
+    assert f"ERROR iceberg kafka.{name}: " in format_summary(report)
 
 
 # The CLI's backfill in a process of its own, killed (SIGKILL) after every data file of the
