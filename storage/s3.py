@@ -334,6 +334,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     async def _get_bytes(self, key: str) -> bytes:
         async def get(s3: Any) -> bytes:
+            if self._bodies is not None:
+                return await self._bodies.get_object(key, await self._frozen_credentials(s3))
             response = await s3.get_object(Bucket=self.bucket, Key=key)
             async with response["Body"] as body:
                 return await body.read()
