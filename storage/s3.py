@@ -1,10 +1,11 @@
 """Remote segments in an S3 bucket, through aiobotocore.
 
 Reads are ranged GETs streamed in chunks; a read into the caller's buffers (`read_log_into`,
-`read_log_run`: the chunk cache's loads) is read by `storage.s3_bodies` on threads of its own,
-the body going from the socket (or TLS) straight into the buffers; over another HTTP client
-than aiohttp, or with `read_bodies_on_threads` off, each piece aiohttp received is copied
-there, never joined into new bytes on the way (`_body_into`). Segments above a threshold go up as
+`read_log_run`: the chunk cache's loads) and a whole object's GET (manifests, indexes) are
+read by `storage.s3_bodies` on threads of its own, a body going from the socket (or TLS)
+straight into the buffers; with `read_bodies_on_threads` off (or without credentials to sign
+with) they go through aiobotocore, each piece aiohttp received copied into the buffers,
+never joined into new bytes on the way (`_body_into`). Segments above a threshold go up as
 multipart uploads, aborted when any part fails. With `sse` every PUT and multipart upload
 asks for server-side encryption (SSE-S3 `AES256`, or SSE-KMS `aws:kms` with `sse_kms_key_id`);
 reads need nothing for it. Every upload carries its CRC-32C, which S3 checks on arrival
@@ -334,6 +335,8 @@ class S3RemoteStorageManager(ObjectStoreRemoteStorageManager):
 
     async def _get_bytes(self, key: str) -> bytes:
         async def get(s3: Any) -> bytes:
+            if self._bodies is not None:
+                return await self._bodies.get_object(key, await self._frozen_credentials(s3))
             response = await s3.get_object(Bucket=self.bucket, Key=key)
             async with response["Body"] as body:
                 return await body.read()

@@ -3,11 +3,12 @@
 Through aiobotocore a body comes up in pieces of a few KiB, each a new bytes object handed
 to Python (and, over TLS, decrypted by the event loop into new bytes first), and every GET
 costs botocore a millisecond or so of CPU to resolve, sign and parse. The bulk bodies (a
-`.log` range read into chunk buffers) go here instead: one http.client connection per
-read in flight, kept alive and pooled; the request signed with botocore's own SigV4 signer
+`.log` range read into chunk buffers) go here instead, and so do the small whole objects
+a cold segment is read with (manifest, indexes): one http.client connection per read in
+flight, kept alive and pooled; the request signed with botocore's own SigV4 signer
 for an endpoint botocore resolved once; the body read with `readinto` into the buffer, down
 to the socket's (or TLS's) `recv_into`, on a thread that holds no GIL while the kernel and
-the cipher work. Everything that is not a bulk body stays with aiobotocore.
+the cipher work. Uploads, listings, deletes and HEADs stay with aiobotocore.
 
 Failures are raised as botocore raises them (ClientError with S3's error code and the HTTP
 status, OSError for the connection, IncompleteReadError for a body cut short), so the
@@ -118,7 +119,10 @@ class RangedBody:
         # recv_into into `target` itself until it is full or the connection ends.
         filled = 0
         while filled < len(target):
-            n = self._response.readinto(target[filled:])
+            try:
+                n = self._response.readinto(target[filled:])
+            except http.client.HTTPException as e:  # a chunked body cut short
+                raise boto.IncompleteReadError(actual_bytes=filled, expected_bytes=len(target)) from e
             if not n:
                 self.left -= filled
                 raise boto.IncompleteReadError(actual_bytes=filled, expected_bytes=len(target))
@@ -179,6 +183,27 @@ class ObjectBodies:
             raise
         return RangedBody(self, connection, sock, response, size, length)
 
+    async def get_object(self, key: str, credentials: Any) -> bytes:
+        """A whole object (a manifest, an index), request and body on a reader thread: the
+        GETs of a cold segment cost the event loop no botocore work either. A cancelled call
+        leaves the thread to finish into memory of its own."""
+        path = self.endpoint.path_prefix + quote_key(key)
+        return await self.run(self._whole, path, self._signed(path, {}, credentials))
+
+    def _whole(self, path: str, headers: dict[str, str]) -> bytes:
+        connection, _, response = self._request(path, headers)
+        try:
+            data = response.read()
+        except http.client.IncompleteRead as e:
+            connection.close()
+            raise boto.IncompleteReadError(actual_bytes=len(e.partial),
+                                           expected_bytes=len(e.partial) + (e.expected or 0)) from e
+        except BaseException:
+            connection.close()
+            raise
+        self.release(connection, reusable=response.isclosed() and connection.sock is not None)
+        return data
+
     def _signed(self, path: str, headers: dict[str, str], credentials: Any) -> dict[str, str]:
         endpoint = self.endpoint
         request = AWSRequest(method="GET", url=f"{endpoint.scheme}://{endpoint.netloc}{path}", headers=headers)
@@ -206,6 +231,9 @@ class ObjectBodies:
                 raise error
         except boto.ClientError:
             raise
+        except http.client.HTTPException as e:  # a response that is not HTTP
+            connection.close()
+            raise boto.HTTPClientError(error=f"{type(e).__name__}: {e}") from e
         except ssl.SSLCertVerificationError as e:
             connection.close()
             # As botocore reports it: no retry will make the certificate trusted.
@@ -276,6 +304,13 @@ def _exchange(connection: http.client.HTTPConnection, path: str,
               headers: dict[str, str]) -> tuple[socket.socket, http.client.HTTPResponse]:
     """GET sent and the response's head read, with the socket it came on: taken before the
     head, as a response that closes the connection makes the connection let go of it."""
+    if connection.sock is None:
+        try:
+            connection.connect()
+        except ssl.SSLCertVerificationError:
+            raise
+        except OSError as e:  # nothing answers there: as botocore says it
+            raise boto.EndpointConnectionError(endpoint_url=f"{connection.host}:{connection.port}", error=e) from e
     connection.request("GET", path, headers=headers)
     sock = connection.sock
     assert sock is not None  # a request opens the connection

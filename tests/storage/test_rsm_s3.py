@@ -337,9 +337,9 @@ def test_server_side_encryption_settings_are_checked(s3_server: S3Server) -> Non
 async def test_a_read_into_a_buffer_copies_what_aiohttp_received_straight_there(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ranged GET's body reaches the buffer with one copy: no `read(n)` joining aiohttp's
-    pieces into new bytes, and every block checked where it lies in the buffer, none
-    copied together from two pieces first."""
+    """Through aiohttp (bodies not read on threads), a ranged GET's body reaches the buffer
+    with one copy: no `read(n)` joining aiohttp's pieces into new bytes, and every block
+    checked where it lies in the buffer, none copied together from two pieces first."""
     segment = make_segment(tmp_path, log_size=3 * MIB + 12345)
     buffer = memoryview(bytearray(len(segment.log) - BLOCK_BYTES))
     checked_in_place: list[bool] = []
@@ -356,7 +356,7 @@ async def test_a_read_into_a_buffer_copies_what_aiohttp_received_straight_there(
         joins.append(n)
         return await read(self, n)
 
-    async with manager(s3_server, chunk_bytes=MIB) as rsm:
+    async with manager(s3_server, chunk_bytes=MIB, read_bodies_on_threads=False) as rsm:
         await rsm.copy_log_segment_data(segment.metadata, segment.data)
         await rsm.fetch_manifest(segment.metadata)  # the manifest's GET is not the read looked at
         monkeypatch.setattr(tierproxy.storage.rsm.crc32c, "crc32c", crc32c_of)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tierproxy.storage.errors import RemoteStorageError
+from tierproxy.storage.errors import RemoteResourceNotFound, RemoteStorageError
+from tierproxy.storage.model import IndexType
 from tierproxy.storage.s3 import MIB
 from tierproxy.storage.s3_bodies import Endpoint
 from testbed.s3 import S3Server
@@ -128,3 +129,30 @@ async def test_chunks_that_are_not_whole_blocks_say_why_they_are_not_read_in_run
     (warning,) = [r.getMessage() for r in caplog.records if "not in runs" in r.getMessage()]
     assert "chunks of 500000 bytes are not whole checksum blocks of 262144 bytes" in warning
     assert "multiple of 262144" in warning
+
+
+async def test_a_cold_segments_manifest_and_indexes_are_read_on_the_threads_too(
+        s3_server: S3Server, tmp_path: Path) -> None:
+    """No GetObject of a cold segment goes through aiobotocore: manifest, indexes and bodies
+    are signed and read on the threads; a missing object is still not found."""
+    segment = make_segment(tmp_path, log_size=MIB)
+    async with manager(s3_server) as rsm:
+        await rsm.copy_log_segment_data(segment.metadata, segment.data)
+        rsm._forget(segment.metadata)
+        client = await rsm._s3()
+        calls: list[object] = []
+        get_object = client.get_object
+
+        async def counted(**kwargs: object) -> object:
+            calls.append(kwargs)
+            return await get_object(**kwargs)
+
+        client.get_object = counted
+        for index_type in (IndexType.OFFSET, IndexType.TIMESTAMP, IndexType.TRANSACTION):
+            assert await rsm.fetch_index(segment.metadata, index_type) == segment.indexes[index_type]
+        buffer = memoryview(bytearray(MIB))
+        await rsm.read_log_into(segment.metadata, 0, buffer)
+        assert bytes(buffer) == segment.log
+        with pytest.raises(RemoteResourceNotFound):
+            await rsm.get_object("not-there")
+        assert calls == []
