@@ -28,7 +28,6 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, cast
 
@@ -60,7 +59,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-FORMATS = ("raw", "json", "avro")
+from tierproxy.config import ICEBERG_FORMATS, ICEBERG_SCHEMA_REGISTRY_URL, Config
+
+FORMATS = ICEBERG_FORMATS
 SIDES = ("key", "value")
 # Confluent's wire format: magic byte 0, then the schema id as a big-endian int32.
 _WIRE_HEADER = struct.Struct(">bI")
@@ -615,12 +616,12 @@ def json_decoder(side: str, schema: dict[str, Any], *, registry: SchemaRegistry 
     return Decoder(side, struct_type, decode)
 
 
-def decoder(topic: str, side: str, format: str, schema_file: str | Path = "", *,
+def decoder(topic: str, side: str, fmt: str, schema_file: str | Path = "", *,
             registry: SchemaRegistry | None = None) -> Decoder | None:
-    """The decoder of a topic's keys or values (`side`) in `format`; None for raw bytes."""
+    """The decoder of a topic's keys or values (`side`) in format `fmt`; None for raw bytes."""
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, not {side!r}")
-    if format == "raw":
+    if fmt == "raw":
         return None
     schema: Any = None
     if schema_file:
@@ -629,15 +630,15 @@ def decoder(topic: str, side: str, format: str, schema_file: str | Path = "", *,
         except (OSError, ValueError) as exc:
             raise FormatError(f"topic {topic} {side} schema file {schema_file}: {exc}") from None
     try:
-        if format == "avro":
+        if fmt == "avro":
             return avro_decoder(side, schema, registry=registry, topic=topic)
-        if format == "json":
+        if fmt == "json":
             if schema is None:
                 raise FormatError("format json needs a JSON Schema file")
             return json_decoder(side, schema, registry=registry)
     except FormatError as exc:
         raise FormatError(f"topic {topic} {side}: {exc}") from None
-    raise FormatError(f"topic {topic} {side}: format {format!r} is not one of {', '.join(FORMATS)}")
+    raise FormatError(f"topic {topic} {side}: format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
 # --- schema evolution ----------------------------------------------------------------------
@@ -715,3 +716,14 @@ def evolve(current: Schema | StructType, newer: StructType) -> Evolution:
     out: dict[str, list[Any]] = {"added": [], "widened": [], "made_optional": []}
     _walk(old, newer, (), out)
     return Evolution(tuple(out["added"]), tuple(out["widened"]), tuple(out["made_optional"]))
+
+
+def topic_decoders(config: Config, topic: str) -> tuple[Decoder | None, Decoder | None]:
+    """(key decoder, value decoder) of a topic by its `topic.<name>.iceberg.*` settings; None
+    for raw. Raises FormatError for a schema the table cannot have (at set-up, before any row)."""
+    settings = config.topic(topic)
+    url = config[ICEBERG_SCHEMA_REGISTRY_URL]
+    registry = SchemaRegistry(url) if url else None
+    return (decoder(topic, "key", settings.iceberg_key_format, settings.iceberg_key_schema_file, registry=registry),
+            decoder(topic, "value", settings.iceberg_value_format, settings.iceberg_value_schema_file,
+                    registry=registry))

@@ -522,3 +522,27 @@ def test_json_in_the_wire_format(registry: _Registry, tmp_path: Path) -> None:
 def test_a_subject_missing_from_the_registry_is_a_set_up_error(registry: _Registry) -> None:
     with pytest.raises(FormatError, match="has no subject 'absent-key'"):
         formats.decoder("absent", "key", "avro", registry=formats.SchemaRegistry(registry.url))
+
+
+def test_topic_settings_choose_the_decoders(tmp_path: Path, registry: _Registry) -> None:
+    from tierproxy import config as settings
+
+    avsc = _write(tmp_path / "v.avsc", V1)
+    registry.register("t-key", "string")
+    config = settings.parse({
+        "bootstrap.servers": "127.0.0.1:9092",
+        "topic.t.iceberg.value.format": "avro", "topic.t.iceberg.value.schema.file": str(avsc),
+        "topic.t.iceberg.key.format": "avro", "iceberg.schema.registry.url": registry.url,
+    })
+    key, value = formats.topic_decoders(config, "t")
+    assert key is not None and [f.name for f in key.struct.fields] == ["key"]
+    assert value is not None and [f.name for f in value.struct.fields] == [f["name"] for f in V1["fields"]]
+    assert formats.topic_decoders(config, "other") == (None, None)  # raw by default
+    with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.value.format=json needs "
+                                                   r"topic.t.iceberg.value.schema.file"):
+        settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.value.format": "json"})
+    with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.key.format=avro needs .*or "
+                                                   r"iceberg.schema.registry.url"):
+        settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "avro"})
+    with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.key.format='xml': must be one of raw, json, avro"):
+        settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "xml"})
