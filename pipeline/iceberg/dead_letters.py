@@ -74,8 +74,8 @@ def route(records: pa.Table, key: Decoder | None, value: Decoder | None) -> Rout
     keys, key_reasons = _reasons(records, "key", key)
     values, value_reasons = _reasons(records, "value", value)
     # Both sides' reasons when both fail; one side's otherwise.
-    both = pc.binary_join_element_wise(key_reasons, value_reasons, "; ")
-    reasons = pc.coalesce(both, key_reasons, value_reasons)
+    reasons = pa.array([("; ".join(r for r in pair if r) if any(pair) else None)
+                        for pair in zip(key_reasons.to_pylist(), value_reasons.to_pylist())], pa.string())
     failed = pc.is_valid(reasons)
     decoded = pc.invert(failed)
 
