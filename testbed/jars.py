@@ -26,14 +26,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MAVEN_TIMEOUT_S = 900
 
 
-def _pom_kafka_version() -> str:
-    node = ET.parse(POM).getroot().find("m:properties/m:kafka.version", _MAVEN_NS)
-    if node is None or not (node.text or "").strip():
-        raise RuntimeError(f"{POM} has no <kafka.version> property")
-    return node.text.strip()
+def pom_property(pom: Path, name: str) -> str:
+    """The value of ``<properties><name>`` in ``pom`` (the versions the testbed pins)."""
+    node = ET.parse(pom).getroot().find(f"m:properties/m:{name}", _MAVEN_NS)
+    text = (node.text or "").strip() if node is not None else ""
+    if not text:
+        raise RuntimeError(f"{pom} has no <{name}> property")
+    return text
 
 
-KAFKA_VERSION = _pom_kafka_version()
+KAFKA_VERSION = pom_property(POM, "kafka.version")
 
 
 class MavenError(RuntimeError):
