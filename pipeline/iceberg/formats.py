@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import functools
 import io
 import json
 import struct
@@ -470,9 +471,13 @@ class Decoder:
         """The decoded columns as an Iceberg schema."""
         return Schema(*self.struct.fields)
 
-    @property
+    @functools.cached_property
     def arrow_type(self) -> pa.StructType:
         return pa.struct(list(schema_to_pyarrow(self.schema)))
+
+    @functools.cached_property
+    def _storage(self) -> pa.StructType:
+        return cast(pa.StructType, _storage_type(self.arrow_type))
 
     def decode(self, values: pa.Array) -> tuple[pa.StructArray, pa.StringArray]:
         """(decoded rows, reasons): row i null with reasons[i] saying why when record i did not
@@ -493,8 +498,7 @@ class Decoder:
         return self._to_arrow(rows, reasons), pa.array(reasons, pa.string())
 
     def _to_arrow(self, rows: list[dict[str, Any] | None], reasons: list[str | None]) -> pa.StructArray:
-        target = self.arrow_type
-        storage = _storage_type(target)
+        target, storage = self.arrow_type, self._storage
         try:
             return cast(pa.StructArray, pa.array(rows, type=storage).cast(target))
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
