@@ -683,7 +683,7 @@ def _walk(old: StructType, new: StructType, path: tuple[str, ...], out: dict[str
             continue
         _compare(existing, added, where, out)
     new_names = {f.name for f in new.fields}
-    for kept in old.fields:
+    for kept in old.fields if path else ():  # the top level also holds Kafka's columns, not the schema's
         if kept.name not in new_names and kept.required:
             raise SchemaEvolutionError(f"{'.'.join((*path, kept.name))}: the newer schema drops a required "
                                        "column; new rows could not fill it")
@@ -713,9 +713,11 @@ def _compare(old: NestedField, new: NestedField, where: tuple[str, ...], out: di
 
 
 def evolve(current: Schema | StructType, newer: StructType) -> Evolution:
-    """How a table with columns `current` follows records of the newer schema `newer`, by
-    Iceberg's rules: new optional columns are added (nested ones too), int/float/decimal widen,
-    required columns may become optional. Anything else raises SchemaEvolutionError, saying what."""
+    """How a table with columns `current` follows records of the newer schema `newer` (a decoder's
+    `struct`), by Iceberg's rules: new optional columns are added (nested ones too), int/float/
+    decimal widen, required columns may become optional. Anything else raises
+    SchemaEvolutionError, saying what. Top-level columns `newer` does not name (Kafka's, the
+    key's, a field the newer schema dropped) stay as they are."""
     old = current.as_struct() if isinstance(current, Schema) else current
     out: dict[str, list[Any]] = {"added": [], "widened": [], "made_optional": []}
     _walk(old, newer, (), out)
@@ -731,3 +733,17 @@ def topic_decoders(config: Config, topic: str) -> tuple[Decoder | None, Decoder 
     return (decoder(topic, "key", settings.iceberg_key_format, settings.iceberg_key_schema_file, registry=registry),
             decoder(topic, "value", settings.iceberg_value_format, settings.iceberg_value_schema_file,
                     registry=registry))
+
+
+def apply_evolution(table: Any, change: Evolution, prefix: tuple[str, ...] = ()) -> None:
+    """Make `change` to a pyiceberg `table` in one schema update (one new metadata version);
+    `prefix` is where the decoded columns sit in the table (the key's under `decoded_key`)."""
+    if not change:
+        return
+    with table.update_schema() as update:
+        for path, kind, doc in change.added:
+            update.add_column((*prefix, *path), kind, doc=doc)
+        for path, wider in change.widened:
+            update.update_column((*prefix, *path), field_type=wider)
+        for path in change.made_optional:
+            update.make_column_optional((*prefix, *path))

@@ -158,3 +158,34 @@ def test_both_tables_take_the_rows_through_a_catalog(kind: str, tmp_path: Path, 
             row["lines"] = []
     assert table.scan().to_arrow().sort_by("offset").to_pylist() == expected
     assert dlq.scan().to_arrow().sort_by("offset").to_pylist() == routed.dead_letters.sort_by("offset").to_pylist()
+
+
+def test_a_table_follows_a_newer_schema_and_takes_its_rows(tmp_path: Path) -> None:
+    v1 = {"type": "record", "name": "P", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "L", "fields": [
+            {"name": "sku", "type": "string"}]}}}]}
+    v2 = {"type": "record", "name": "P", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "L", "fields": [
+            {"name": "sku", "type": "string"}, {"name": "qty", "type": ["null", "int"], "default": None}]}}},
+        {"name": "note", "type": ["null", "string"], "default": None}]}
+    catalog = _sql_catalog(tmp_path)
+    catalog.create_namespace("kafka")
+    records, _ = _records()
+    first = records.slice(0, 1).set_column(6, "value", pa.array([_avro(v1, {"id": 1, "lines": [{"sku": "a"}]})]))
+    routed = dead_letters.route(first, None, formats.avro_decoder("value", v1))
+    table = catalog.create_table("kafka.p", schema=routed.rows.schema)
+    table.append(routed.rows)
+
+    newer = formats.avro_decoder("value", v2)
+    change = formats.evolve(table.schema(), newer.struct)
+    assert [path for path, _, _ in change.added] == [("lines", "element", "qty"), ("note",)]
+    formats.apply_evolution(table, change)
+    assert not formats.evolve(table.schema(), newer.struct)  # the table now has every column
+    second = records.slice(1, 1).set_column(6, "value", pa.array([_avro(v2, {
+        "id": 2**40, "lines": [{"sku": "b", "qty": 3}], "note": "n"})]))
+    table.append(dead_letters.route(second, None, newer).rows)
+    got = {r["offset"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert (got[100]["id"], got[100]["lines"], got[100]["note"]) == (1, [{"sku": "a", "qty": None}], None)
+    assert (got[101]["id"], got[101]["lines"], got[101]["note"]) == (2**40, [{"sku": "b", "qty": 3}], "n")
