@@ -495,6 +495,10 @@ class Decoder:
             except _Undecodable as exc:
                 rows.append(None)
                 reasons.append(f"{self.side}: {exc}")
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+                # A value its columns cannot take that no check above foresaw: still this one record's fault.
+                rows.append(None)
+                reasons.append(f"{self.side}: cannot be read into its columns: {type(exc).__name__}: {exc}")
         return self._to_arrow(rows, reasons), pa.array(reasons, pa.string())
 
     def _to_arrow(self, rows: list[dict[str, Any] | None], reasons: list[str | None]) -> pa.StructArray:

@@ -546,3 +546,21 @@ def test_topic_settings_choose_the_decoders(tmp_path: Path, registry: _Registry)
         settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "avro"})
     with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.key.format='xml': must be one of raw, json, avro"):
         settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "xml"})
+
+
+def test_an_unforeseen_error_in_one_record_is_that_records_reason() -> None:
+    struct_type = formats.avro_struct("long", "value")
+
+    def decode_one(data: bytes) -> dict[str, Any]:
+        return {"value": int(data)}  # ValueError for what is not a number
+
+    decoder = formats.Decoder("value", struct_type, decode_one)
+    decoded, reasons = decoder.decode(pa.array([b"12", b"x", None], pa.binary()))
+    assert decoded.to_pylist() == [{"value": 12}, None, None]
+    assert reasons.to_pylist()[0] is None and reasons.to_pylist()[2] is None
+    assert reasons[1].as_py().startswith("value: cannot be read into its columns: ValueError")
+    # A value out of its column's range, found only by pyarrow, fails that record alone.
+    too_big = formats.Decoder("value", struct_type, lambda data: {"value": 2**70 if data == b"big" else 1})
+    decoded, reasons = too_big.decode(pa.array([b"a", b"big", b"c"], pa.binary()))
+    assert decoded.to_pylist() == [{"value": 1}, None, {"value": 1}]
+    assert reasons[1].as_py().startswith("value: does not fit its columns")
