@@ -21,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fastavro
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -564,3 +566,31 @@ def test_an_unforeseen_error_in_one_record_is_that_records_reason() -> None:
     decoded, reasons = too_big.decode(pa.array([b"a", b"big", b"c"], pa.binary()))
     assert decoded.to_pylist() == [{"value": 1}, None, {"value": 1}]
     assert reasons[1].as_py().startswith("value: does not fit its columns")
+
+
+_EVERY_TYPE_DECODERS = {
+    "avro": formats.avro_decoder("value", AVRO_EVERY_TYPE),
+    "json": formats.json_decoder("value", JSON_EVERY_TYPE),
+}
+_GOOD = {"avro": _avro(AVRO_EVERY_TYPE, ORDER),
+         "json": json.dumps({"id": str(uuid.UUID(int=1)), "amount": 2.5, "at": "2024-01-01T00:00:00+02:00"}).encode()}
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(kind=st.sampled_from(sorted(_EVERY_TYPE_DECODERS)),
+       # None, any bytes, the good record, or the good record cut at an offset.
+       values=st.lists(st.one_of(st.none(), st.binary(max_size=64), st.just(b"good"), st.integers(0, 200)),
+                       max_size=12))
+def test_any_bytes_decode_or_have_a_reason(kind: str, values: list[Any]) -> None:
+    """Whatever the bytes, decode() answers every record: a row, or a reason, or (null) neither."""
+    good = _GOOD[kind]
+    batch = [good if v == b"good" else good[:v] if isinstance(v, int) else v for v in values]
+    decoded, reasons = _EVERY_TYPE_DECODERS[kind].decode(pa.array(batch, pa.binary()))
+    assert len(decoded) == len(reasons) == len(batch)
+    for data, row, reason in zip(batch, decoded.to_pylist(), reasons.to_pylist()):
+        if data is None:
+            assert row is None and reason is None
+        else:
+            assert (row is None) != (reason is None), (data, row, reason)
+        if data == good:
+            assert row is not None

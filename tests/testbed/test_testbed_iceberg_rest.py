@@ -14,6 +14,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 
 from testbed.iceberg_rest import IcebergRestCatalog
+from testbed.processes import is_alive
 from testbed.s3 import S3Server
 
 ROWS = pa.table({
@@ -67,14 +68,22 @@ def test_listens_on_loopback_only(iceberg_rest_catalog: IcebergRestCatalog) -> N
     assert listening and all(a.endswith("0100007F") for a in listening), listening
 
 
-def test_tables_survive_a_restart(tmp_path: Path) -> None:
-    with IcebergRestCatalog(workdir=tmp_path) as catalog:
-        client = load_catalog("testbed", **catalog.client_properties())
-        client.create_namespace("kept")
-        client.create_table("kept.t", schema=ROWS.schema).append(ROWS)
-        catalog.restart()
-        client = load_catalog("testbed", **catalog.client_properties())
-        assert client.load_table("kept.t").scan().to_arrow().num_rows == len(ROWS)
-        with pytest.raises(NoSuchTableError):
-            client.load_table("kept.missing")
-    assert catalog.pid is None
+def test_tables_survive_a_restart(iceberg_rest_catalog: IcebergRestCatalog) -> None:
+    client = load_catalog("testbed", **iceberg_rest_catalog.client_properties())
+    namespace = f"kept_{uuid.uuid4().hex[:8]}"
+    client.create_namespace(namespace)
+    client.create_table(f"{namespace}.t", schema=ROWS.schema).append(ROWS)
+    pid, port = iceberg_rest_catalog.pid, iceberg_rest_catalog.port
+    iceberg_rest_catalog.restart()
+    assert iceberg_rest_catalog.pid != pid and iceberg_rest_catalog.port == port
+    client = load_catalog("testbed", **iceberg_rest_catalog.client_properties())
+    assert client.load_table(f"{namespace}.t").scan().to_arrow().num_rows == len(ROWS)
+    with pytest.raises(NoSuchTableError):
+        client.load_table(f"{namespace}.missing")
+
+
+def test_close_stops_the_server_and_removes_its_files() -> None:
+    with IcebergRestCatalog() as catalog:
+        pid, workdir = catalog.pid, catalog.workdir
+        assert pid is not None and is_alive(pid) and (workdir / "catalog.db").is_file()
+    assert catalog.pid is None and not is_alive(pid) and not workdir.exists()
