@@ -465,6 +465,22 @@ _topic_key("iceberg.retention.ms", int, "Rows of the Iceberg table older than th
            "deleted by `tierproxy iceberg maintain`; -1 keeps them however remote retention expires segments.",
            Range(-1), default=-1)
 
+# Typed columns of the topic's Iceberg table (pipeline/iceberg/formats.py)
+ICEBERG_FORMATS = ("raw", "json", "avro")
+for _side in ("key", "value"):
+    _topic_key(f"iceberg.{_side}.format", str, f"How the Iceberg table decodes the record {_side}s into typed "
+               f"columns: `raw` keeps only the bytes; `json` checks them against the JSON Schema of "
+               f"iceberg.{_side}.schema.file; `avro` reads them with the Avro schema of iceberg.{_side}.schema.file, "
+               f"or, with iceberg.schema.registry.url, in the Schema Registry wire format (magic byte 0, 4-byte "
+               f"schema id). A {_side} that does not decode goes whole, with the reason, to the table "
+               f"`<topic>__dlq`; a null {_side} is kept, with null columns. The tiering pass does not write typed "
+               f"columns yet: a format other than `raw` on a topic with iceberg.enable=true stops start-up.",
+               OneOf(ICEBERG_FORMATS), default="raw")
+    _topic_key(f"iceberg.{_side}.schema.file", str, f"The JSON Schema (format json) or Avro schema (format avro) "
+               f"file of the record {_side}s: the table's columns. With a schema registry and no file, the "
+               f"newest schema of the subject `<topic>-{_side}`.", default="")
+del _side
+
 # Topic-level name -> the default key it falls back to.
 TOPIC_DEFAULTS = {
     "local.retention.ms": "log.local.retention.ms",
@@ -474,6 +490,12 @@ TOPIC_DEFAULTS = {
     "segment.bytes": "log.segment.bytes",
     "segment.ms": "log.roll.ms",
 }
+
+# Iceberg tables of tiered topics: decoding
+ICEBERG_SCHEMA_REGISTRY_URL = _define("iceberg.schema.registry.url", str, "",
+        "A Confluent-compatible schema registry (Confluent, Apicurio's ccompat API, Karapace): with it, "
+        "`topic.<name>.iceberg.{key,value}.format=avro` (or json) records are in the wire format, each read "
+        "with the schema of its id. Empty: none.", "iceberg")
 
 # Pipeline
 SPARK_MASTER = _define("spark.master", str, "local[*]", "Spark master of the tiering pipeline (local[*], spark://, yarn, k8s://).",
@@ -644,6 +666,10 @@ class TopicConfig:
     iceberg_enable: bool = False
     iceberg_partition_spec: str = "day"
     iceberg_retention_ms: int = -1
+    iceberg_key_format: str = "raw"
+    iceberg_value_format: str = "raw"
+    iceberg_key_schema_file: str = ""
+    iceberg_value_schema_file: str = ""
 
 
 class Settings(Protocol):
@@ -729,6 +755,7 @@ def _topic_config(name: str, overrides: Mapping[str, Any], values: Mapping[str, 
     for key, default_key in TOPIC_DEFAULTS.items():
         settings[key.replace(".", "_")] = overrides.get(key, values[default_key])
     _check_copy_disable(name, settings)
+    _check_iceberg_formats(name, settings, values)
     if settings["remote_storage_enable"] and settings["remote_log_read_replica"]:
         raise ConfigError(f"{_TOPIC_PREFIX}{name}.remote.log.read.replica=true: a read replica serves another "
                           f"cluster's remote log; it is not tiered itself (remove remote.storage.enable=true)")
@@ -752,6 +779,25 @@ def _check_copy_disable(name: str, settings: Mapping[str, Any]) -> None:
                 f"{_TOPIC_PREFIX}{name}.remote.log.copy.disable=true: When `remote.log.copy.disable` is set to true, "
                 f"the `local.retention.{unit}` and `retention.{unit}` must be set to the identical value because "
                 "there will be no more logs copied to the remote storage.")
+
+
+def _check_iceberg_formats(name: str, settings: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+    """A typed format needs its schema: a file, or for Avro a schema registry. The tiering pass
+    writes only Kafka's own columns so far (dead letters need an exactly-once commit of their
+    own), so a typed format on a table it keeps is refused rather than silently left raw."""
+    for side in ("key", "value"):
+        fmt, schema_file = settings[f"iceberg_{side}_format"], settings[f"iceberg_{side}_schema_file"]
+        if fmt != "raw" and settings["iceberg_enable"]:
+            raise ConfigError(f"{_TOPIC_PREFIX}{name}.iceberg.{side}.format={fmt}: the tiering pass does not write "
+                              f"typed columns or dead letters yet; with {_TOPIC_PREFIX}{name}.iceberg.enable=true "
+                              "use raw (the key and value bytes)")
+        if fmt == "json" and not schema_file:
+            raise ConfigError(f"{_TOPIC_PREFIX}{name}.iceberg.{side}.format=json needs "
+                              f"{_TOPIC_PREFIX}{name}.iceberg.{side}.schema.file (a JSON Schema)")
+        if fmt == "avro" and not schema_file and not values["iceberg.schema.registry.url"]:
+            raise ConfigError(f"{_TOPIC_PREFIX}{name}.iceberg.{side}.format=avro needs "
+                              f"{_TOPIC_PREFIX}{name}.iceberg.{side}.schema.file (an Avro schema) or "
+                              "iceberg.schema.registry.url")
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")

@@ -33,6 +33,7 @@ from typing import Any
 import javaproperties
 
 from testbed import jars, probe
+from testbed.iceberg_rest import ICEBERG_VERSION, iceberg_rest_libs
 from testbed.kafka import KafkaCluster
 from testbed.processes import cmdline, is_alive, stop_pids
 from testbed.s3 import S3Server
@@ -182,9 +183,11 @@ def down(args: argparse.Namespace) -> int:
 
 
 def resolve_jars(args: argparse.Namespace) -> int:
-    """Resolve the Kafka jars now (from Maven Central, once per version)."""
+    """Resolve the Kafka jars and the Iceberg REST catalog server's now (from Maven Central, once per version)."""
     libs = jars.kafka_libs(jars.KAFKA_VERSION)
     print(f"Apache Kafka {jars.KAFKA_VERSION}: {sum(1 for _ in libs.glob('*.jar'))} jars in {libs}")
+    libs = iceberg_rest_libs()
+    print(f"Apache Iceberg {ICEBERG_VERSION} REST catalog: {sum(1 for _ in libs.glob('*.jar'))} jars in {libs}")
     return 0
 
 
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="a SASL user besides admin (with --secure), repeatable")
     commands.add_parser("status", help="show the state and whether it is healthy")
     commands.add_parser("down", help="stop everything and remove the state")
-    commands.add_parser("jars", help="resolve the Kafka jars from Maven Central into the cache")
+    commands.add_parser("jars", help="resolve the Kafka jars and the Iceberg REST catalog's from Maven Central into the cache")
     for sub in commands.choices.values():
         sub.add_argument("--state", type=Path, default=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -20,6 +20,10 @@ Enable with ``pytest_plugins = ["testbed.fixtures"]`` in the top-level conftest.
 - ``secure_topic``: the same factory on ``secure_kafka`` (created as admin).
 - ``s3_server``: moto's S3 server with the bucket created, for the whole run.
   A test that stops or restarts it must leave it running, bucket included.
+- ``iceberg_rest_catalog``: Apache Iceberg's REST catalog server (testbed.iceberg_rest) with
+  its warehouse in a local folder, started on first use, for the whole run;
+  ``iceberg_rest_catalog_s3``: another one with its warehouse in ``s3_server``'s bucket.
+  Tests create namespaces and tables of their own names.
 
 Tests using the broker fixtures are marked ``broker``, those using
 ``s3_server`` are marked ``s3`` (``pytest -m broker``).
@@ -34,6 +38,7 @@ from typing import Any, Iterator, Mapping
 
 import pytest
 
+from testbed.iceberg_rest import IcebergRestCatalog
 from testbed.kafka import KafkaCluster
 from testbed.processes import pids_running
 from testbed.s3 import S3Server
@@ -46,7 +51,7 @@ SASL_USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secr
 
 _BROKER_FIXTURES = {"kafka_cluster", "kafka_cluster_3", "bootstrap_servers", "topic",
                     "secure_kafka", "secure_topic", "sasl_kafka"}
-_S3_FIXTURES = {"s3_server"}
+_S3_FIXTURES = {"s3_server", "iceberg_rest_catalog_s3"}
 
 
 def _test_broker_config() -> dict[str, str]:
@@ -99,6 +104,18 @@ def bootstrap_servers(kafka_cluster: KafkaCluster) -> str:
 def s3_server() -> Iterator[S3Server]:
     with S3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest_catalog() -> Iterator[IcebergRestCatalog]:
+    with IcebergRestCatalog() as catalog:
+        yield catalog
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest_catalog_s3(s3_server: S3Server) -> Iterator[IcebergRestCatalog]:
+    with IcebergRestCatalog(s3=s3_server, prefix="iceberg-rest") as catalog:
+        yield catalog
 
 
 class Topics:

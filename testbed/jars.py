@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 POM = Path(__file__).with_name("pom.xml")
 _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
@@ -26,14 +26,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MAVEN_TIMEOUT_S = 900
 
 
-def _pom_kafka_version() -> str:
-    node = ET.parse(POM).getroot().find("m:properties/m:kafka.version", _MAVEN_NS)
-    if node is None or not (node.text or "").strip():
-        raise RuntimeError(f"{POM} has no <kafka.version> property")
-    return node.text.strip()
+def pom_property(pom: Path, name: str) -> str:
+    """The value of ``<properties><name>`` in ``pom`` (the versions the testbed pins)."""
+    node = ET.parse(pom).getroot().find(f"m:properties/m:{name}", _MAVEN_NS)
+    text = (node.text or "").strip() if node is not None else ""
+    if not text:
+        raise RuntimeError(f"{pom} has no <{name}> property")
+    return text
 
 
-KAFKA_VERSION = _pom_kafka_version()
+KAFKA_VERSION = pom_property(POM, "kafka.version")
 
 
 class MavenError(RuntimeError):
@@ -44,16 +46,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TIERPROXY_CACHE") or Path.home() / ".cache" / "tierproxy")
 
 
-def _pom_digest() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()
+def _pom_digest(pom: Path = POM) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
-def _is_complete(libs: Path, version: str) -> bool:
+def _is_complete(libs: Path, marker: str, pom: Path = POM) -> bool:
     stamp = libs / _STAMP
     return (
-        (libs / f"kafka_2.13-{version}.jar").is_file()
+        (libs / marker).is_file()
         and stamp.is_file()
-        and stamp.read_text().strip() == _pom_digest()
+        and stamp.read_text().strip() == _pom_digest(pom)
     )
 
 
@@ -69,15 +71,23 @@ def kafka_libs(
     place only when complete, so an interrupted download is never used.
     ``maven_args`` go to ``mvn`` as given (``-o``, ``-s settings.xml`` ...).
     """
-    base = (cache or cache_dir()) / f"kafka-{version}"
+    return pom_libs(POM, (cache or cache_dir()) / f"kafka-{version}", f"kafka_2.13-{version}.jar",
+                    {"kafka.version": version}, f"Apache Kafka {version}", maven_args=maven_args)
+
+
+def pom_libs(pom: Path, base: Path, marker: str, properties: Mapping[str, str], what: str, *,
+             maven_args: Sequence[str] = ()) -> Path:
+    """``<base>/libs``: the dependencies of ``pom`` (``-D`` ``properties``), resolved once; complete
+    when ``marker`` (a jar's name) is there and the stamp names this pom. ``what`` names the jars
+    in errors."""
     libs = base / "libs"
-    if _is_complete(libs, version):
+    if _is_complete(libs, marker, pom):
         return libs
     base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".libs-", dir=base))
     try:
-        _copy_dependencies(version, staging, maven_args)
-        (staging / _STAMP).write_text(_pom_digest() + "\n")
+        _copy_dependencies(pom, properties, staging, maven_args, what)
+        (staging / _STAMP).write_text(_pom_digest(pom) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the jars are shared
         if libs.exists():
             # A stale set (older pom). Move it aside first: rename cannot replace a
@@ -88,7 +98,7 @@ def kafka_libs(
         try:
             staging.rename(libs)
         except OSError:
-            if not _is_complete(libs, version):
+            if not _is_complete(libs, marker, pom):
                 raise
             # Another process resolved the same jars first; use theirs.
     finally:
@@ -96,12 +106,13 @@ def kafka_libs(
     return libs
 
 
-def _copy_dependencies(version: str, out: Path, maven_args: Sequence[str]) -> None:
+def _copy_dependencies(pom: Path, properties: Mapping[str, str], out: Path, maven_args: Sequence[str],
+                       what: str) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise MavenError("mvn is not installed; it is needed once to fetch the Kafka jars")
+        raise MavenError(f"mvn is not installed; it is needed once to fetch the {what} jars")
     cmd = [
-        mvn, "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}",
+        mvn, "-q", "-B", "-f", str(pom), *(f"-D{name}={value}" for name, value in properties.items()),
         *maven_args,
         "dependency:copy-dependencies", f"-DoutputDirectory={out}",
     ]
@@ -113,7 +124,7 @@ def _copy_dependencies(version: str, out: Path, maven_args: Sequence[str]) -> No
     except subprocess.TimeoutExpired as exc:
         raise MavenError(
             f"Maven Central could not be reached: mvn did not finish within "
-            f"{MAVEN_TIMEOUT_S} s resolving Apache Kafka {version}"
+            f"{MAVEN_TIMEOUT_S} s resolving {what}"
         ) from exc
     if done.returncode == 0:
         return
@@ -122,12 +133,12 @@ def _copy_dependencies(version: str, out: Path, maven_args: Sequence[str]) -> No
     tail = "\n".join(output[-15:])
     if any("could not be found in" in line or "was not found in" in line for line in output):
         raise MavenError(
-            f"Apache Kafka {version} is not (completely) on Maven Central "
+            f"{what} is not (completely) on Maven Central "
             f"(mvn exit {done.returncode}). Last mvn output:\n{tail}"
         )
     raise MavenError(
-        f"Maven Central could not be reached to resolve the Apache Kafka {version} jars "
-        f"(mvn exit {done.returncode}); no broker is started without them. "
+        f"Maven Central could not be reached to resolve the {what} jars "
+        f"(mvn exit {done.returncode}); nothing is started without them. "
         f"Last mvn output:\n{tail}"
     )
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Self, Sequence
+
+from testbed.ports import free_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -141,3 +146,121 @@ def pids_running(substring: str) -> list[int]:
             if any(substring in part for part in cmdline(int(entry.name))):
                 found.append(int(entry.name))
     return found
+
+
+class ServerProcess:
+    """A server in a process of its own on a loopback port, its files and its log in a working
+    directory (a temporary one unless given; ``close()`` removes that), stopped by pid.
+
+    A subclass gives ``name``, ``_command(workdir, port)`` and ``answers()`` (the server serves),
+    and may give ``_environment()``. ``detached`` servers outlive this Python process
+    (``python -m testbed up``); attached ones are stopped at exit.
+    """
+
+    name = "server"
+    start_timeout_s = 30.0
+    start_error: type[Exception] = RuntimeError
+
+    def __init__(self, *, port: int | None = None, workdir: Path | None = None, detached: bool = False) -> None:
+        self._port = port
+        self._given_workdir = Path(workdir) if workdir is not None else None
+        self._workdir: Path | None = self._given_workdir
+        self._detached = detached
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._workdir
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def _command(self, workdir: Path, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def _environment(self) -> Mapping[str, str] | None:
+        return None  # this process's own
+
+    def answers(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self._launch(f"tierproxy-{self.name}-")
+        return self
+
+    def restart(self) -> Self:
+        self.stop()
+        return self.start()
+
+    def _launch(self, workdir_prefix: str) -> None:
+        """Start the process and wait until it answers; stopped again if it does not."""
+        if self._process is not None:
+            raise RuntimeError(f"{self.name} already started")
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=workdir_prefix))
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        if self._port is None:
+            self._port = free_port()
+        if not self._detached:
+            atexit.register(self._stop_at_exit)
+        self._process = spawn(self._command(self._workdir, self._port), self.log_path, detached=self._detached,
+                              env=self._environment(), cwd=self._workdir)
+        try:
+            self._wait_until_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_serving(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self.answers():
+            if self._process.poll() is not None:
+                raise self.start_error(f"{self.name} exited with {self._process.returncode}:\n"
+                                       f"{log_tail(self.log_path)}")
+            if time.monotonic() > deadline:
+                raise self.start_error(f"{self.name} did not answer on port {self._port} within "
+                                       f"{self.start_timeout_s:.0f} s:\n{log_tail(self.log_path)}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop by pid; the port and the working directory stay for a restart."""
+        atexit.unregister(self._stop_at_exit)
+        process, self._process = self._process, None
+        if process is not None:
+            try:
+                stop_pids([process.pid], timeout=timeout)
+            finally:
+                process.poll()
+
+    def close(self) -> None:
+        """Stop and remove the working directory (if it was a temporary one)."""
+        self.stop()
+        if self._given_workdir is None and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def _stop_at_exit(self) -> None:
+        try:
+            self.stop(timeout=3.0)
+        except Exception:  # noqa: BLE001 - interpreter is exiting
+            pass
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -8,20 +8,15 @@ from "S3 lost the data".
 
 from __future__ import annotations
 
-import atexit
-import shutil
 import ssl
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from testbed.ports import LOOPBACK, free_port
-from testbed.processes import log_tail, spawn, stop_pids
+from testbed.ports import LOOPBACK
+from testbed.processes import ServerProcess
 
 REGION = "us-east-1"
 ACCESS_KEY = "testing"
@@ -41,59 +36,30 @@ def moto_server_binary() -> Path:
     return path
 
 
-class S3Server:
+class S3Server(ServerProcess):
     """moto's server; subclasses run another S3 implementation (`_command`)."""
 
     name = "moto_server"
+    start_timeout_s = START_TIMEOUT_S
+    start_error = S3StartError
 
     def __init__(self, bucket: str = "tierproxy-test", *, port: int | None = None,
                  workdir: Path | None = None, detached: bool = False) -> None:
+        super().__init__(port=port, workdir=workdir, detached=detached)
         self.bucket = bucket
         self.region = REGION
         self.access_key = ACCESS_KEY
         self.secret_key = SECRET_KEY
-        self._port = port
-        self._given_workdir = Path(workdir) if workdir is not None else None
-        self._workdir: Path | None = self._given_workdir
-        # Detached servers outlive this Python process (python -m testbed up).
-        self._detached = detached
-        self._process: subprocess.Popen | None = None
         # The CA of the server's certificate when it serves HTTPS (set by a subclass as it starts).
         self.ca: Path | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("S3 server is not started")
-        return self._port
 
     @property
     def endpoint_url(self) -> str:
         return f"{'https' if self.ca else 'http'}://{LOOPBACK}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def log_path(self) -> Path:
-        if self._workdir is None:
-            raise RuntimeError("S3 server is not started")
-        return self._workdir / f"{self.name}.log"
-
     def start(self, *, create_bucket: bool = True) -> "S3Server":
-        if self._process is not None:
-            raise RuntimeError("S3 server already started")
-        if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="tierproxy-s3-"))
-        self._workdir.mkdir(parents=True, exist_ok=True)
-        if self._port is None:
-            self._port = free_port()
-        if not self._detached:
-            atexit.register(self._stop_at_exit)
-        self._process = spawn(self._command(self._workdir, self._port), self.log_path, detached=self._detached)
+        self._launch("tierproxy-s3-")
         try:
-            self._wait_until_serving()
             if create_bucket:
                 self.create_bucket()
         except BaseException:
@@ -103,20 +69,6 @@ class S3Server:
 
     def _command(self, workdir: Path, port: int) -> list[str]:
         return [str(moto_server_binary()), "-H", LOOPBACK, "-p", str(port)]
-
-    def _wait_until_serving(self) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self._process.poll() is not None:
-                raise S3StartError(f"{self.name} exited with {self._process.returncode}:\n"
-                                   f"{log_tail(self.log_path)}")
-            if self.answers():
-                return
-            if time.monotonic() > deadline:
-                raise S3StartError(f"{self.name} did not answer on {self.endpoint_url} within "
-                                   f"{START_TIMEOUT_S:.0f} s:\n{log_tail(self.log_path)}")
-            time.sleep(0.1)
 
     def answers(self) -> bool:
         """True when the server answers HTTP (any status) on its port."""
@@ -155,39 +107,10 @@ class S3Server:
             **_https_options(self.ca),
         )
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop by pid; the port stays reserved for ``restart()``."""
-        atexit.unregister(self._stop_at_exit)
-        process, self._process = self._process, None
-        if process is not None:
-            try:
-                stop_pids([process.pid], timeout=timeout)
-            finally:
-                process.poll()
-
     def restart(self, *, create_bucket: bool = False) -> "S3Server":
         """Stop, then start on the same port. moto's state is gone afterwards."""
         self.stop()
         return self.start(create_bucket=create_bucket)
-
-    def close(self) -> None:
-        """Stop and remove the working directory (if it was a temporary one)."""
-        self.stop()
-        if self._given_workdir is None and self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-
-    def _stop_at_exit(self) -> None:
-        try:
-            self.stop(timeout=3.0)
-        except Exception:  # noqa: BLE001 - interpreter is exiting
-            pass
-
-    def __enter__(self) -> "S3Server":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _https_options(ca: Path | None) -> dict[str, Any]:

@@ -147,6 +147,28 @@ def test_a_catalog_that_does_not_answer_fails_the_table_step_not_the_pass(tiered
     assert f"ERROR iceberg kafka.{name}: " in format_summary(report)
 
 
+def test_a_backfill_through_a_rest_catalog_holds_the_same_rows(tiered, spark, iceberg_rest_catalog):
+    """Apache Iceberg's own REST catalog server (testbed): the same pass, the same rows, the
+    same offsets recorded, and a second run adds nothing."""
+    import io
+
+    from tierproxy.pipeline.iceberg.append import append_tables
+
+    config, name, _, _ = tiered
+    rest = config.with_overrides({f"iceberg.catalog.{key}": value
+                                  for key, value in iceberg_rest_catalog.client_properties().items()})
+    (report,) = append_tables(rest, spark, topics=[name], stream=io.StringIO())
+    assert report.error is None
+    rows = table_rows(rest, name)
+    # The SQL catalog's table holds every committed record tiered so far (the tests before this one).
+    assert rows and rows == table_rows(config, name)
+    held = table_offsets(table_of(rest, name))
+    assert held.next_offsets == _remote_ends(config, name)
+    assert held.topic_id == table_offsets(table_of(config, name)).topic_id
+    (again,) = append_tables(rest, spark, topics=[name], stream=io.StringIO())
+    assert again.error is None and table_rows(rest, name) == rows
+
+
 # The CLI's backfill in a process of its own, killed (SIGKILL) after every data file of the
 # pass was written and before the commit.
 _KILLED_BEFORE_COMMIT = """
