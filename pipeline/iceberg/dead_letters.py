@@ -65,7 +65,12 @@ class Routed:
 def _reasons(records: pa.Table, column: str, decoder: Decoder | None) -> tuple[pa.StructArray | None, pa.Array]:
     if decoder is None:
         return None, pa.nulls(records.num_rows, pa.string())
-    return decoder.decode(records.column(column).combine_chunks())
+    decoded, reasons = decoder.decode(records.column(column).combine_chunks())
+    if len(decoded) != records.num_rows or len(reasons) != records.num_rows:
+        # A row matched to another record's columns or reason would be worse than no table.
+        raise ValueError(f"the {column} decoder returned {len(decoded)} rows and {len(reasons)} reasons for "
+                         f"{records.num_rows} records")
+    return decoded, reasons
 
 
 def route(records: pa.Table, key: Decoder | None, value: Decoder | None) -> Routed:

@@ -6,22 +6,19 @@ Top-level columns, so that every engine's query reads the same: `partition`, `of
 a tombstone), `headers` (list of struct `key` string / `value` binary, in record order,
 duplicate keys kept).
 
-Typed columns: a `Decoder` turns one side's raw bytes into a struct column; the rows it
-fails go, whole and raw with the reason, to the dead-letter table instead (`split_decoded`).
+Typed columns and the dead-letter table's rows are `dead_letters.route`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tierproxy.pipeline.datasource import LEADER_EPOCH
 
+from .dead_letters import REASON
+
 # Field ids: stable, so that files written by any pass (and any engine) line up.
 COLUMNS = ("partition", "offset", "timestamp", "timestamp_type", "leader_epoch", "key", "value", "headers")
-REASON = "reason"
 HEADER_TYPE = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
 ARROW_SCHEMA = pa.schema([  # type: ignore[arg-type]  # the stubs miss pa.field's type
     pa.field("partition", pa.int32(), nullable=False),
@@ -33,13 +30,6 @@ ARROW_SCHEMA = pa.schema([  # type: ignore[arg-type]  # the stubs miss pa.field'
     pa.field("value", pa.binary()),
     pa.field("headers", pa.list_(pa.field("element", HEADER_TYPE, nullable=False)), nullable=False),
 ])
-DEAD_LETTER_ARROW_SCHEMA = ARROW_SCHEMA.append(pa.field(REASON, pa.string(), nullable=False))
-
-#: Decodes one side's raw bytes: (the decoded struct column, or None when nothing decodes to
-#: columns; per row the reason it failed, null where it decoded).
-Decoder = Callable[[pa.BinaryArray], tuple[pa.StructArray | None, pa.StringArray]]
-#: The decoded column of each side.
-DECODED = {"key": "key_decoded", "value": "value_decoded"}
 
 
 def iceberg_schema(dead_letters: bool = False):
@@ -87,25 +77,3 @@ def table_rows(batch: pa.RecordBatch) -> pa.Table:
     }
     arrays = [columns[f.name].cast(f.type) for f in ARROW_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
-
-
-def split_decoded(rows: pa.Table, decoders: Mapping[str, Decoder]) -> tuple[pa.Table, pa.Table]:
-    """(rows that decoded on every side given, with each side's decoded column added; the
-    others, raw, with the first reason they failed). No row is dropped."""
-    failed: pa.Array = pa.nulls(rows.num_rows, pa.string())
-    decoded: dict[str, pa.StructArray] = {}
-    for side, decoder in decoders.items():
-        raw = rows.column(side).combine_chunks() if rows.num_rows else pa.array([], pa.binary())
-        column, reasons = decoder(raw)  # type: ignore[arg-type]  # a binary column
-        if len(reasons) != rows.num_rows or (column is not None and len(column) != rows.num_rows):
-            raise ValueError(f"the {side} decoder returned {len(reasons)} reasons for {rows.num_rows} rows")
-        failed = pc.coalesce(failed, pc.utf8_replace_slice(reasons.cast(pa.string()), 0, 0, f"{side}: "))
-        if column is not None:
-            decoded[side] = column
-    good = pc.is_null(failed)
-    kept = rows.filter(good)
-    for side, column in decoded.items():
-        kept = kept.append_column(DECODED[side], column.filter(good))
-    dead = rows.filter(pc.invert(good)).append_column(pa.field(REASON, pa.string(), nullable=False),
-                                                       failed.filter(pc.invert(good)))
-    return kept, dead

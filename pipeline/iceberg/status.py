@@ -13,7 +13,7 @@ from tierproxy.storage.model import RemoteLogSegmentMetadata
 
 from .commit import table_offsets
 from .settings import load_catalog, table_settings
-from .table import DEAD_LETTERS_SUFFIX
+from .dead_letters import dead_letter_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ def table_status(config: Config, topic: str, topic_id: str,
         lag_segments += len(behind)
         lag_offsets += sum(s.end_offset + 1 - max(s.start_offset, next_offset) for s in behind)
     return TableStatus(settings.name, table is not None, committed, lag_segments, lag_offsets,
-                       _rows(catalog, (settings.namespace, settings.topic + DEAD_LETTERS_SUFFIX)))
+                       _rows(catalog, (settings.namespace, dead_letter_table(settings.topic))))
 
 
 def _rows(catalog: Any, identifier: tuple[str, str]) -> int:

@@ -119,6 +119,14 @@ def test_raw_topics_have_no_dead_letters_and_no_decoded_columns() -> None:
     assert dead_letters.dead_letter_table("orders") == "orders__dlq"
 
 
+def test_a_decoder_that_miscounts_is_refused() -> None:
+    records, _ = _records()
+    short = formats.Decoder("key", formats.avro_struct("long", "key"), lambda data: {"key": 1})
+    short.decode = lambda values: (pa.array([None], short.arrow_type), pa.array([None], pa.string()))  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=f"the key decoder returned 1 rows and 1 reasons for {records.num_rows} records"):
+        dead_letters.route(records, short, None)
+
+
 def test_a_decoded_column_named_like_a_kafka_column_is_refused() -> None:
     clash = formats.json_decoder("value", {"type": "object", "properties": {"offset": {"type": "integer"}}})
     with pytest.raises(FormatError, match="decoded column 'offset' has the name of a Kafka column"):

@@ -1,5 +1,5 @@
 """The rows of an Iceberg table of the tier, without a broker: the data source's batches as
-the table's columns, and the seam for decoders (rows that fail go to the dead letters, whole)."""
+the table's columns."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from tierproxy.pipeline.datasource import ARROW_SCHEMA_WITH_LEADER_EPOCH
-from tierproxy.pipeline.iceberg.rows import ARROW_SCHEMA, DECODED, REASON, split_decoded, table_rows
+from tierproxy.pipeline.iceberg.rows import ARROW_SCHEMA, table_rows
 from tierproxy.pipeline.iceberg.table import partition_spec
 from tierproxy.pipeline.iceberg.rows import iceberg_schema
 
@@ -37,33 +37,6 @@ def test_a_batch_of_the_data_source_becomes_the_tables_rows():
     assert rows.column("key").to_pylist() == [b"a", None, b"c"]
     assert rows.column("value").to_pylist() == [b"1", b"x", None]
     assert rows.column("headers").to_pylist()[0] == [{"key": "h", "value": b"1"}, {"key": "h", "value": None}]
-
-
-def _digits(raw: pa.BinaryArray) -> tuple[pa.StructArray | None, pa.StringArray]:
-    """Decodes values that are ASCII digits; anything else fails."""
-    values = raw.to_pylist()
-    ok = [v is not None and v.isdigit() for v in values]
-    numbers = pa.StructArray.from_arrays([pa.array([int(v) if good else None for v, good in zip(values, ok)])],
-                                         names=["n"])
-    reasons = pa.array([None if good else f"not a number: {v!r}" for v, good in zip(values, ok)], pa.string())
-    return numbers, reasons
-
-
-def test_rows_that_do_not_decode_go_whole_to_the_dead_letters_with_the_reason():
-    rows = table_rows(_batch())
-    kept, dead = split_decoded(rows, {"value": _digits})
-    assert kept.column("offset").to_pylist() == [5]
-    assert kept.column(DECODED["value"]).to_pylist() == [{"n": 1}]
-    assert dead.column("offset").to_pylist() == [6, 7]
-    assert dead.column(REASON).to_pylist() == ["value: not a number: b'x'", "value: not a number: None"]
-    # Nothing lost and nothing changed: the raw columns of every row are there.
-    assert sorted(kept.drop_columns([DECODED["value"]]).to_pylist() + dead.drop_columns([REASON]).to_pylist(),
-                  key=lambda r: r["offset"]) == rows.to_pylist()
-
-
-def test_a_decoder_that_miscounts_is_refused():
-    with pytest.raises(ValueError, match="3 rows"):
-        split_decoded(table_rows(_batch()), {"key": lambda raw: (None, pa.array([None], pa.string()))})
 
 
 @pytest.mark.parametrize("spec, fields", [
