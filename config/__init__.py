@@ -473,8 +473,7 @@ for _side in ("key", "value"):
                f"iceberg.{_side}.schema.file; `avro` reads them with the Avro schema of iceberg.{_side}.schema.file, "
                f"or, with iceberg.schema.registry.url, in the Schema Registry wire format (magic byte 0, 4-byte "
                f"schema id). A {_side} that does not decode goes whole, with the reason, to the table "
-               f"`<topic>__dlq`; a null {_side} is kept, with null columns. The tiering pass does not write typed "
-               f"columns yet: a format other than `raw` on a topic with iceberg.enable=true stops start-up.",
+               f"`<topic>__dlq`; a null {_side} is kept, with null columns.",
                OneOf(ICEBERG_FORMATS), default="raw")
     _topic_key(f"iceberg.{_side}.schema.file", str, f"The JSON Schema (format json) or Avro schema (format avro) "
                f"file of the record {_side}s: the table's columns. With a schema registry and no file, the "
@@ -782,15 +781,9 @@ def _check_copy_disable(name: str, settings: Mapping[str, Any]) -> None:
 
 
 def _check_iceberg_formats(name: str, settings: Mapping[str, Any], values: Mapping[str, Any]) -> None:
-    """A typed format needs its schema: a file, or for Avro a schema registry. The tiering pass
-    writes only Kafka's own columns so far (dead letters need an exactly-once commit of their
-    own), so a typed format on a table it keeps is refused rather than silently left raw."""
+    """A typed format needs its schema: a file, or for Avro a schema registry."""
     for side in ("key", "value"):
         fmt, schema_file = settings[f"iceberg_{side}_format"], settings[f"iceberg_{side}_schema_file"]
-        if fmt != "raw" and settings["iceberg_enable"]:
-            raise ConfigError(f"{_TOPIC_PREFIX}{name}.iceberg.{side}.format={fmt}: the tiering pass does not write "
-                              f"typed columns or dead letters yet; with {_TOPIC_PREFIX}{name}.iceberg.enable=true "
-                              "use raw (the key and value bytes)")
         if fmt == "json" and not schema_file:
             raise ConfigError(f"{_TOPIC_PREFIX}{name}.iceberg.{side}.format=json needs "
                               f"{_TOPIC_PREFIX}{name}.iceberg.{side}.schema.file (a JSON Schema)")

@@ -12,6 +12,15 @@ rows each (a task holds no more, whatever the segment's size), and hands back th
 `DataFile`s. The driver commits them in one append whose snapshot summary records the
 offsets covered. The first pass after enabling a topic so backfills every remote segment.
 
+With a typed format (`topic.<name>.iceberg.key.format` / `.value.format`), the table has the
+decoded columns too (`dead_letters.decoded_fields`; an existing table evolves to a newer schema
+by Iceberg's rules, or the table step fails saying why), and a task routes each record to the
+table or, whole and raw with its reason, to the dead-letter table `<topic>__dlq`
+(`dead_letters.route`). Both tables record their own offsets in their snapshots; the
+dead-letter table commits first, then the table. The table's offsets decide what a pass reads,
+so after a pass that stopped between the two commits the next one reads those records again,
+and writes only the dead letters at or past the dead-letter table's own offsets.
+
 A partition whose next offset in the table is below its remote log start lost records to
 remote retention before the table had them: reported as a gap, and the table goes on from
 the remote log start.
@@ -42,7 +51,9 @@ from tierproxy.pipeline.datasource import (
 from tierproxy.pipeline.failures import log_failure
 
 from .commit import TableOffsets, abandon_write, begin_write, commit_write, table_offsets
-from .rows import table_rows
+from .dead_letters import decoded_fields, route
+from .formats import Decoder, topic_decoders
+from .rows import COLUMNS, table_rows
 from .settings import enabled_topics, load_catalog, table_settings
 from .table import load_or_create
 
@@ -66,11 +77,39 @@ class TableReport:
     files: int = 0
     bytes: int = 0  # Parquet bytes written
     segments: int = 0
-    cleaned: int = 0  # files of a killed pass deleted
+    cleaned: int = 0  # files of a killed pass deleted (both tables)
+    dead_letters: int = 0  # records written to the dead-letter table
     #: partition -> (the table's next offset, the remote log start above it): records lost
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTarget:
+    """A table as a task writes to it."""
+
+    metadata_json: str
+    io_properties: dict[str, str]
+    write_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    """Where a task writes the records that do not decode, and from which offset on."""
+
+    target: WriteTarget
+    #: partition -> the dead-letter table's next offset: dead letters below it are already there
+    written_below: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoders:
+    key: Decoder | None
+    value: Decoder | None
+
+    def __bool__(self) -> bool:
+        return self.key is not None or self.value is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +120,8 @@ class SliceOutcome:
     data_files: list[Any]
     rows: int
     bytes: int
+    dead_files: list[Any] = field(default_factory=list)
+    dead_rows: int = 0
 
 
 def append_tables(config: Config, spark: Any, *, topics: Iterable[str] | None = None,
@@ -109,7 +150,9 @@ def append_tables(config: Config, spark: Any, *, topics: Iterable[str] | None = 
 
 def _append_topic(config: Config, spark: Any, catalog: Any, report: TableReport, stream: TextIO) -> None:
     settings = table_settings(config, report.topic)
-    table = load_or_create(catalog, settings)
+    decoders = Decoders(*topic_decoders(config, report.topic))
+    table = load_or_create(catalog, settings, decoded=decoded_fields(COLUMNS, decoders.key, decoders.value))
+    dlq = load_or_create(catalog, settings, dead_letters=True) if decoders else None
     held = table_offsets(table)
     slices = _plan(config, report.topic, held)
     topic_id = str(slices[0].segment.topic_id_partition.topic_id) if slices else None
@@ -133,20 +176,39 @@ def _append_topic(config: Config, spark: Any, catalog: Any, report: TableReport,
         added[_partition(piece)] = (min(start, piece.first_offset), max(end, piece.end_offset))
 
     table, write_id, report.cleaned = begin_write(table)
+    dead: DeadLetters | None = None
+    pending = [(table, write_id)]  # writes to abandon if the pass fails
+    if dlq is not None:
+        dlq_held = table_offsets(dlq)
+        dlq, dlq_write_id, cleaned = begin_write(dlq)
+        report.cleaned += cleaned
+        pending.append((dlq, dlq_write_id))
+        dead = DeadLetters(_target(dlq, dlq_write_id), dict(dlq_held.for_topic(topic_id)))
     print(f"[iceberg] {settings.name}: appending {len(slices)} segment(s) of {len(added)} partition(s)",
           file=stream, flush=True)
     try:
-        outcomes = _run_write_job(config, spark, table, write_id, report.topic, slices, stream)
+        outcomes = _run_write_job(config, spark, _target(table, write_id), dead, decoders, report.topic, slices,
+                                  stream)
+        if dlq is not None:
+            # First, so that the table's offsets never pass a dead letter not yet committed.
+            commit_write(dlq, dlq_write_id, [f for o in outcomes for f in o.dead_files], dlq_held, topic_id, added)
+            pending.pop()  # committed: its files are the table's now
         data_files = [f for o in outcomes for f in o.data_files]
         commit_write(table, write_id, data_files, held, topic_id, added)
     except BaseException:
-        abandon_write(table, write_id)
+        for tbl, pending_id in pending:
+            abandon_write(tbl, pending_id)
         raise
     report.added = added
     report.segments = len(slices)
     report.files = len(data_files)
     report.rows = sum(o.rows for o in outcomes)
+    report.dead_letters = sum(o.dead_rows for o in outcomes)
     report.bytes = sum(o.bytes for o in outcomes)
+
+
+def _target(table: Any, write_id: str) -> WriteTarget:
+    return WriteTarget(table.metadata.model_dump_json(), dict(table.io.properties), write_id)
 
 
 def _partition(piece: SegmentSlice) -> int:
@@ -161,27 +223,26 @@ def _plan(config: Config, topic: str, held: TableOffsets) -> list[SegmentSlice]:
     return asyncio.run(plan_slices(options))
 
 
-def _run_write_job(config: Config, spark: Any, table: Any, write_id: str, topic: str, slices: list[SegmentSlice],
-                   stream: TextIO) -> list[SliceOutcome]:
+def _run_write_job(config: Config, spark: Any, target: WriteTarget, dead: DeadLetters | None, decoders: Decoders,
+                   topic: str, slices: list[SegmentSlice], stream: TextIO) -> list[SliceOutcome]:
     from tierproxy.pipeline.progress import CopyProgress
     from tierproxy.pipeline.spark import run_job
 
     group = f"tierproxy-iceberg-{uuid.uuid4().hex[:8]}"
     progress = CopyProgress(spark, group, len(slices), stream=stream, label="iceberg", done="appended",
                             unit="segments")
-    task = _write_task(config.raw(), table.metadata.model_dump_json(), dict(table.io.properties), write_id, topic,
-                       progress.accumulator)
+    task = _write_task(config.raw(), target, dead, decoders, topic, progress.accumulator)
     return run_job(spark, group, f"tierproxy iceberg: {topic}, {len(slices)} segment(s)", list(enumerate(slices)),
                    task, lambda final: progress.poll(final=final))
 
 
-def _write_task(raw_config: dict[str, str], metadata_json: str, io_properties: dict[str, str], write_id: str,
+def _write_task(raw_config: dict[str, str], target: WriteTarget, dead: DeadLetters | None, decoders: Decoders,
                 topic: str, accumulator: Any):
     """The function Spark runs per (index, slice)."""
 
     def run(item: tuple[int, SegmentSlice]) -> SliceOutcome:
         index, piece = item
-        outcome = write_slice(parse(raw_config), piece, metadata_json, io_properties, write_id, topic, index)
+        outcome = write_slice(parse(raw_config), piece, target, topic, index, decoders=decoders, dead=dead)
         key = f"{topic}-{_partition(piece)}@{piece.first_offset}"
         accumulator.add({key: (outcome.bytes, 1)})
         return outcome
@@ -189,40 +250,74 @@ def _write_task(raw_config: dict[str, str], metadata_json: str, io_properties: d
     return run
 
 
-def write_slice(config: Config, piece: SegmentSlice, metadata_json: str, io_properties: dict[str, str],
-                write_id: str, topic: str, index: int) -> SliceOutcome:
-    """One slice's rows as Parquet data files of the table, at most the target size of Arrow
-    rows in memory at once."""
+def write_slice(config: Config, piece: SegmentSlice, target: WriteTarget, topic: str, index: int, *,
+                decoders: Decoders = Decoders(None, None), dead: DeadLetters | None = None) -> SliceOutcome:
+    """One slice's rows as Parquet data files of the table (and with decoders, the records that
+    do not decode as data files of the dead-letter table `dead`), at most the target size of
+    Arrow rows of each in memory at once."""
     import pyarrow as pa
-    from pyiceberg.io import load_file_io
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
-    from pyiceberg.table.metadata import TableMetadataUtil
+    import pyarrow.compute as pc
 
-    metadata = TableMetadataUtil.parse_raw(metadata_json)
-    io = load_file_io(io_properties, metadata.location)
-    target = config[ICEBERG_TARGET_FILE_SIZE_BYTES]
-    counter = itertools.count(index << _FILES_PER_TASK_BITS)
-    data_files: list[Any] = []
-    pending: list[pa.Table] = []
-    pending_bytes = rows = 0
-
-    def flush() -> None:
-        nonlocal pending_bytes
-        if pending:
-            data_files.extend(_dataframe_to_data_files(metadata, pa.concat_tables(pending), io,
-                                                       write_uuid=uuid.UUID(write_id), counter=counter))
-        pending.clear()
-        pending_bytes = 0
-
+    if decoders and dead is None:
+        raise ValueError("a typed table needs its dead-letter table")
+    table = _FileWriter(target, index, config[ICEBERG_TARGET_FILE_SIZE_BYTES])
+    letters = _FileWriter(dead.target, index, config[ICEBERG_TARGET_FILE_SIZE_BYTES]) if dead else None
     for batch in read_slice(config, piece, topic=topic, leader_epoch=True):
-        part = table_rows(batch)
-        pending.append(part)
-        pending_bytes += part.nbytes
-        rows += part.num_rows
-        if pending_bytes >= target:
-            flush()
-    flush()
-    return SliceOutcome(index, data_files, rows, sum(f.file_size_in_bytes for f in data_files))
+        rows = table_rows(batch)
+        if letters is not None and dead is not None:
+            routed = route(rows, decoders.key, decoders.value)
+            rows = routed.rows
+            # A slice is one segment of one partition.
+            floor = dead.written_below.get(_partition(piece), 0)
+            letters.add(routed.dead_letters.filter(pc.greater_equal(routed.dead_letters.column("offset"), pa.scalar(floor))))
+        table.add(rows)
+    table.flush()
+    if letters is None:
+        return SliceOutcome(index, table.data_files, table.rows, table.bytes)
+    letters.flush()
+    return SliceOutcome(index, table.data_files, table.rows, table.bytes + letters.bytes, letters.data_files,
+                        letters.rows)
+
+
+class _FileWriter:
+    """Arrow rows of one table gathered up to the target size, then written as its data files."""
+
+    def __init__(self, target: WriteTarget, index: int, target_bytes: int) -> None:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        self.metadata = TableMetadataUtil.parse_raw(target.metadata_json)
+        self.io = load_file_io(target.io_properties, self.metadata.location)
+        self.write_id = target.write_id
+        self.target_bytes = target_bytes
+        self.counter = itertools.count(index << _FILES_PER_TASK_BITS)
+        self.data_files: list[Any] = []
+        self.pending: list[Any] = []
+        self.pending_bytes = self.rows = 0
+
+    def add(self, rows: Any) -> None:
+        if not rows.num_rows:
+            return
+        self.pending.append(rows)
+        self.pending_bytes += rows.nbytes
+        self.rows += rows.num_rows
+        if self.pending_bytes >= self.target_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        if self.pending:
+            self.data_files.extend(_dataframe_to_data_files(self.metadata, pa.concat_tables(self.pending), self.io,
+                                                            write_uuid=uuid.UUID(self.write_id),
+                                                            counter=self.counter))
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.file_size_in_bytes for f in self.data_files)
 
 
 def format_reports(reports: list[TableReport]) -> list[str]:
@@ -232,6 +327,7 @@ def format_reports(reports: list[TableReport]) -> list[str]:
         ranges = ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(r.added.items())) or "nothing new"
         lines.append(f"iceberg {r.table}: {r.rows} rows, {r.segments} segment(s), {r.files} file(s), "
                      f"{r.bytes / MB:.1f} MB in {r.seconds:.1f}s; offsets {ranges}"
+                     + (f"; {r.dead_letters} dead letter(s)" if r.dead_letters else "")
                      + (f"; {r.cleaned} file(s) of an uncommitted pass deleted" if r.cleaned else ""))
         for partition, (held, start) in sorted(r.gaps.items()):
             lines.append(f"GAP iceberg {r.table}: partition {partition}: offsets [{held}, {start}) left the remote "

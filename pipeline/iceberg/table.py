@@ -8,14 +8,16 @@ files follow it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from .dead_letters import dead_letter_table
+from .formats import apply_evolution, evolve
 from .rows import iceberg_schema
 from .settings import TableSettings
 
 # Table properties that say which topic a table follows.
 TOPIC_PROPERTY = "tierproxy.topic"
-DEAD_LETTERS_SUFFIX = "__dlq"
 
 
 def partition_spec(spec: str, schema: Any) -> Any:
@@ -36,11 +38,25 @@ def partition_spec(spec: str, schema: Any) -> Any:
     return PartitionSpec(*fields)
 
 
-def load_or_create(catalog: Any, settings: TableSettings, *, dead_letters: bool = False) -> Any:
-    """The topic's table (or its dead-letter table `<topic>__dlq`), created when missing."""
+def load_or_create(catalog: Any, settings: TableSettings, *, dead_letters: bool = False,
+                   decoded: Sequence[Any] = ()) -> Any:
+    """The topic's table (or its dead-letter table `<topic>__dlq`), created when missing, with
+    the `decoded` columns (`dead_letters.decoded_fields`) added or evolved to by Iceberg's rules
+    (formats.SchemaEvolutionError, saying which column, when they cannot be)."""
+    from pyiceberg.types import StructType
+
+    table = _load_or_create(catalog, settings, dead_letters)
+    if decoded:
+        change = evolve(table.schema(), StructType(*decoded))
+        if change:
+            apply_evolution(table, change)
+    return table
+
+
+def _load_or_create(catalog: Any, settings: TableSettings, dead_letters: bool) -> Any:
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
-    identifier = (settings.namespace, settings.topic + (DEAD_LETTERS_SUFFIX if dead_letters else ""))
+    identifier = (settings.namespace, dead_letter_table(settings.topic) if dead_letters else settings.topic)
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:

@@ -93,3 +93,42 @@ def spark_rows(spark, config: Config, topic: str) -> list[Row]:
     assert tasks and not any(task.delete_files for task in tasks)
     frame = spark.read.parquet(*[task.file.file_path for task in tasks])
     return arrow_rows(frame.toArrow())
+
+
+def properties_file(config: Config, path) -> str:
+    """`config` as a .properties file at `path`, for the CLI."""
+    import javaproperties
+
+    path.write_text(javaproperties.dumps(config.raw()))
+    return str(path)
+
+
+# The CLI's backfill in a process of its own, killed (SIGKILL) at the Nth commit of the pass
+# (1: the first), after every data file of the pass was written.
+_KILLED_AT_COMMIT = """
+import os, signal, sys
+import tierproxy.pipeline.iceberg.append as append
+commit, calls = append.commit_write, []
+def killing(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return commit(*args, **kwargs)
+append.commit_write = killing
+from tierproxy.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def killed_backfill(config: Config, topic: str, path, *, at_commit: int = 1):
+    """Runs `tierproxy iceberg backfill --topic <topic>` killed at its `at_commit`th commit; the
+    finished process (its stderr says what the tasks did)."""
+    import os
+    import subprocess
+    import sys
+
+    properties = properties_file(config, path)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    return subprocess.run([sys.executable, "-c", _KILLED_AT_COMMIT, str(at_commit), "iceberg", "backfill",
+                           "--config", properties, "--topic", topic], capture_output=True, text=True, timeout=240,
+                          env=env)

@@ -548,12 +548,10 @@ def test_topic_settings_choose_the_decoders(tmp_path: Path, registry: _Registry)
         settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "avro"})
     with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.key.format='xml': must be one of raw, json, avro"):
         settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.key.format": "xml"})
-    # The tiering pass writes Kafka's own columns only: a typed format on a table it keeps is
-    # refused, not left raw without a word.
-    with pytest.raises(settings.ConfigError, match=r"topic.t.iceberg.value.format=json: the tiering pass does "
-                                                   r"not write typed columns"):
-        settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.enable": "true",
-                        "topic.t.iceberg.value.format": "json", "topic.t.iceberg.value.schema.file": str(avsc)})
+    # A typed format on a table the pass keeps is taken (the pass writes its columns).
+    typed = settings.parse({"bootstrap.servers": "127.0.0.1:9092", "topic.t.iceberg.enable": "true",
+                            "topic.t.iceberg.value.format": "avro", "topic.t.iceberg.value.schema.file": str(avsc)})
+    assert typed.topic("t").iceberg_enable and typed.topic("t").iceberg_value_format == "avro"
 
 
 def test_an_unforeseen_error_in_one_record_is_that_records_reason() -> None:

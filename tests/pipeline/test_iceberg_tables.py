@@ -15,7 +15,9 @@ from tierproxy.pipeline.tier import format_summary, run_pass
 from tests.helpers.iceberg import (
     TOPIC_CONFIG,
     committed,
+    killed_backfill,
     produce_everything,
+    properties_file,
     remote_ends,
     spark_rows,
     table_of,
@@ -116,7 +118,7 @@ def test_status_shows_each_tables_offsets_lag_and_dead_letters(tiered, tmp_path,
 
     config, name, _, _ = tiered
     ends = _remote_ends(config, name)
-    properties = _properties_file(config, tmp_path / "tier.properties")
+    properties = properties_file(config, tmp_path / "tier.properties")
     assert status(properties, [], as_json=True, timeout=30, out=sys.stdout, err=sys.stderr) == 0
     (table,) = json.loads(capsys.readouterr().out)["iceberg_tables"]
     assert table["table"] == f"kafka.{name}" and table["exists"]
@@ -169,39 +171,14 @@ def test_a_backfill_through_a_rest_catalog_holds_the_same_rows(tiered, spark, ic
     assert again.error is None and table_rows(rest, name) == rows
 
 
-# The CLI's backfill in a process of its own, killed (SIGKILL) after every data file of the
-# pass was written and before the commit.
-_KILLED_BEFORE_COMMIT = """
-import os, signal, sys
-import tierproxy.pipeline.iceberg.append as append
-append.commit_write = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
-from tierproxy.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _properties_file(config, path, **overrides) -> str:
-    import javaproperties
-
-    path.write_text(javaproperties.dumps({**config.raw(), **overrides}))
-    return str(path)
-
-
 def test_a_pass_killed_before_its_commit_leaves_nothing_visible_and_the_next_cleans_up(tiered, spark, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     from tierproxy.pipeline.iceberg.append import append_tables
     from tierproxy.pipeline.iceberg.commit import files_of_write
 
     config, name, _, _ = tiered
     # A table of its own (another namespace of the same catalog) over the same remote segments.
     killed = config.with_overrides({"iceberg.namespace": "killed", "spark.master": "local[1]"})
-    properties = _properties_file(killed, tmp_path / "tier.properties")
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    result = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_COMMIT, "iceberg", "backfill", "--config",
-                             properties, "--topic", name], capture_output=True, text=True, timeout=240, env=env)
+    result = killed_backfill(killed, name, tmp_path / "tier.properties")
     assert result.returncode == -9, result.stderr[-3000:]
     assert "appended" in result.stderr  # the tasks wrote their files
 
@@ -225,7 +202,7 @@ def test_a_backfill_waits_for_no_tiering_pass_it_fails_at_once(tiered, tmp_path,
     from tierproxy.pipeline.tier import pipeline_lock
 
     config, name, _, _ = tiered
-    properties = _properties_file(config, tmp_path / "tier.properties")
+    properties = properties_file(config, tmp_path / "tier.properties")
     before = table_of(config, name).current_snapshot().snapshot_id
     with pipeline_lock(config):
         assert main(["iceberg", "backfill", "--config", properties]) == 1
@@ -237,7 +214,7 @@ def test_backfill_names_a_topic_without_a_table(tiered, tmp_path, capsys):
     from tierproxy.cli import main
 
     config, _, _, _ = tiered
-    properties = _properties_file(config, tmp_path / "tier.properties")
+    properties = properties_file(config, tmp_path / "tier.properties")
     assert main(["iceberg", "backfill", "--config", properties, "--topic", "nope"]) == 2
     assert "nope: no Iceberg table" in capsys.readouterr().err
 
