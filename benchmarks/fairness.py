@@ -21,7 +21,10 @@ same priority as everything else). Here they share the machine's cores with the 
 broker and the honest consumers, which in production they would not: their own CPU (Python,
 a login per resetter connection) is taken from the honest consumers, and that is not the
 proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
-the ratio measures the proxy's fairness; quote which one a figure is. Every hostile phase
+the ratio measures the proxy's fairness; quote which one a figure is. On a machine with every
+core busy, nice 19 leaves the hostile clients almost no CPU at all (they barely attack);
+`--hostile-cpu CORES` instead caps their process at that many cores (a cgroup v1 `cpu`
+quota, as root), so that they attack at a bounded cost. Every hostile phase
 prints the CPU seconds of the hostile clients' process, the proxy (all its processes) and
 this process (the honest consumers).
 
@@ -35,6 +38,7 @@ first hostile phase and prints the top functions.
 
     .venv/bin/python benchmarks/fairness.py --workers 1 2
     .venv/bin/python benchmarks/fairness.py --workers 1 2 --hostile-nice 19
+    .venv/bin/python benchmarks/fairness.py --workers 1 2 --hostile-cpu 0.2
 
 Everything it starts is stopped at the end.
 """
@@ -193,9 +197,12 @@ async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, 
 def hostile_process(host: str, port: int, topic: str, per_partition: int, seconds: float,
                     args: argparse.Namespace, seed: int,
                     report: "multiprocessing.Queue[tuple[float, dict[str, int]]]") -> None:
-    """The hostile clients for `seconds`, in a process of their own at `args.hostile_nice`;
-    puts the CPU seconds they used and what they did on `report`."""
+    """The hostile clients for `seconds`, in a process of their own at `args.hostile_nice`
+    (and in the cgroup of `args.hostile_cgroup`, if any); puts the CPU seconds they used and
+    what they did on `report`."""
     os.nice(args.hostile_nice)
+    if args.hostile_cgroup:
+        (Path(args.hostile_cgroup) / "cgroup.procs").write_text(str(os.getpid()))
     done = asyncio.run(hostile(Proxy(host, port), topic, per_partition, seconds, args, random.Random(seed)))
     report.put((own_cpu_seconds(), dict(done)))
 
@@ -214,6 +221,31 @@ def run_hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, ar
         child.join(30)
         if child.is_alive():
             child.kill()
+
+
+@contextlib.contextmanager
+def cpu_cap(cores: float | None):
+    """A cgroup (v1 `cpu` controller) whose processes get at most `cores` cores together; its
+    path, or None without a cap."""
+    if cores is None:
+        yield None
+        return
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cpu.cfs_quota_us").exists():
+        raise SystemExit(f"--hostile-cpu needs the cgroup v1 cpu controller at {root}")
+    group = root / f"tierproxy-fairness-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * 100_000))))
+        yield str(group)
+    finally:
+        for _ in range(50):  # the hostile process of the last phase may still be leaving
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def read_errors_by_reason(metrics_port: int) -> collections.Counter[str]:
@@ -399,6 +431,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--hostile-nice", type=int, default=0,
                         help="niceness of the hostile clients' process (19: the proxy's fairness alone)")
+    parser.add_argument("--hostile-cpu", type=float, metavar="CORES",
+                        help="cap the hostile clients' process at this many cores (cgroup v1, as root)")
     parser.add_argument("--profile", action="store_true", help="py-spy the proxy in the first hostile phase")
     args = parser.parse_args()
 
@@ -429,12 +463,14 @@ def main() -> int:
         per_partition = {p: ends[p] for p in range(PARTITIONS)}
         print(f"{sum(ends.values())} records, {copied / MIB:.0f} MiB remote; chunk cache "
               f"{LIMITS['remote.log.chunk.cache.size.bytes'] // MIB} MiB", flush=True)
-        for workers in args.workers:
-            results[workers] = run_setting(properties, tmp, workers, topic, per_partition, args)
+        with cpu_cap(args.hostile_cpu) as args.hostile_cgroup:
+            for workers in args.workers:
+                results[workers] = run_setting(properties, tmp, workers, topic, per_partition, args)
 
     print(f"\n# fairness run {datetime.date.today()}: {args.mb} MB remote, {args.honest} honest consumers; "
           f"hostile: {args.pipeliners} pipelining non-readers, {args.slow} at {args.slow_kbps:g} KB/s, "
-          f"{args.resetters} resetting (nice {args.hostile_nice}); {args.rounds} x ({args.phase:g} s alone, "
+          f"{args.resetters} resetting (nice {args.hostile_nice}"
+          f"{f', at most {args.hostile_cpu:g} cores' if args.hostile_cpu else ''}); {args.rounds} x ({args.phase:g} s alone, "
           f"{args.phase:g} s hostile)\n")
     print("| workers | honest records/s alone | beside hostile | ratio | per round | longest honest gap (hostile) "
           "| remote reads (expired) | honest partition errors | stalled chunk bytes held, peak "
