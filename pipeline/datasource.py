@@ -79,7 +79,7 @@ from tierproxy.storage.indexes import AbortedTxn, ProducerState
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
 from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
-from tierproxy.storage.records import Record, batch_records
+from tierproxy.storage.records import RecordColumns, batch_columns
 
 NAME = "tierproxy"
 
@@ -411,8 +411,8 @@ async def _arrow_batches(
         position = await _start_position(reader, piece, starting_timestamp)
         batches = reader.batches(piece.segment, position, from_offset=piece.first_offset)
         async with contextlib.aclosing(batches):
-            async for batch, records in _wanted(batches, piece, starting_timestamp, ending_timestamp):
-                rows.add(batch, records)
+            async for batch, columns in _wanted(batches, piece, starting_timestamp, ending_timestamp):
+                rows.add(batch, columns)
                 if rows.full:
                     yield rows.flush()
     if rows:
@@ -437,7 +437,7 @@ async def _wanted(
     piece: SegmentSlice,
     starting_timestamp: int | None,
     ending_timestamp: int | None,
-) -> AsyncIterator[tuple[Batch, list[Record]]]:
+) -> AsyncIterator[tuple[Batch, RecordColumns]]:
     """(batch, its wanted records) for each batch with any."""
     first, end = piece.first_offset, piece.end_offset
     aborted: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -455,9 +455,13 @@ async def _wanted(
             f <= header.base_offset <= last for f, last in aborted.get(header.producer_id, ())
         ):
             continue
-        records = [r for r in batch_records(batch.view) if first <= r.offset < end and low <= r.timestamp < high]
-        if records:
-            yield batch, records
+        columns = batch_columns(batch.view)
+        offsets, timestamps = columns.offsets, columns.timestamps
+        if offsets and not (first <= offsets[0] and offsets[-1] < end
+                            and low <= min(timestamps) and max(timestamps) < high):
+            columns = columns.select([first <= o < end and low <= t < high for o, t in zip(offsets, timestamps)])
+        if columns.offsets:
+            yield batch, columns
 
 
 class _ArrowRows:
@@ -484,18 +488,17 @@ class _ArrowRows:
     def full(self) -> bool:
         return len(self.offsets) >= _ARROW_BATCH_ROWS or self.size >= _ARROW_BATCH_BYTES
 
-    def add(self, batch: Batch, records: list[Record]) -> None:
-        timestamp_type = int(batch.header.timestamp_type)
+    def add(self, batch: Batch, columns: RecordColumns) -> None:
+        count = len(columns.offsets)
         if self.leader_epochs is not None:
-            self.leader_epochs.extend([batch.header.partition_leader_epoch] * len(records))
-        for record in records:
-            self.keys.append(record.key)
-            self.values.append(record.value)
-            self.offsets.append(record.offset)
-            self.timestamps.append(record.timestamp * 1000)  # microseconds, as Spark keeps timestamps
-            self.timestamp_types.append(timestamp_type)
-            self.headers.append(record.headers)
-            self.size += len(record.key or b"") + len(record.value or b"")
+            self.leader_epochs.extend([batch.header.partition_leader_epoch] * count)
+        self.keys.extend(columns.keys)
+        self.values.extend(columns.values)
+        self.offsets.extend(columns.offsets)
+        self.timestamps.extend([t * 1000 for t in columns.timestamps])  # microseconds, as Spark keeps timestamps
+        self.timestamp_types.extend([int(batch.header.timestamp_type)] * count)
+        self.headers.extend(columns.headers)
+        self.size += sum(map(len, filter(None, columns.keys))) + sum(map(len, filter(None, columns.values)))
 
     def flush(self) -> pa.RecordBatch:
         n = len(self.offsets)

@@ -13,14 +13,15 @@ records report it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from aiokafka.record.default_records import DefaultRecordBatch
 
 from tierproxy.protocol.errors import DecodeError
 
-__all__ = ("Record", "RecordDecodeError", "batch_records", "first_record_at_or_after")
+__all__ = ("Record", "RecordColumns", "RecordDecodeError", "batch_columns", "batch_records", "first_record_at_or_after")
 
 
 class RecordDecodeError(DecodeError):
@@ -45,8 +46,45 @@ def batch_records(batch: bytes | bytearray | memoryview) -> Iterator[Record]:
         for record in DefaultRecordBatch(batch):
             yield Record(record.offset, record.timestamp, record.key, record.value, tuple(record.headers))
     except Exception as e:  # aiokafka's own errors, the codecs', struct's, UTF-8 of a header key
-        base_offset = int.from_bytes(batch[:8], "big", signed=True) if len(batch) >= 8 else "?"
-        raise RecordDecodeError(f"batch at offset {base_offset}: {type(e).__name__}: {e}") from e
+        raise _decode_error(batch, e) from e
+
+
+class RecordColumns(NamedTuple):
+    """The records of a batch field by field: `Record`'s fields, one list each, in offset order."""
+
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[tuple[tuple[str, bytes | None], ...]]
+
+    def select(self, keep: list[bool]) -> "RecordColumns":
+        """The records where `keep` is true."""
+        return RecordColumns(_kept(self.offsets, keep), _kept(self.timestamps, keep), _kept(self.keys, keep),
+                             _kept(self.values, keep), _kept(self.headers, keep))
+
+
+T = TypeVar("T")
+
+
+def _kept(column: list[T], keep: list[bool]) -> list[T]:
+    return list(itertools.compress(column, keep))
+
+
+def batch_columns(batch: bytes | bytearray | memoryview) -> RecordColumns:
+    """`batch_records` as columns, for readers of every record (the data source's rows): one
+    list per field built in one pass each, no tuple per record (about half the CPU)."""
+    try:
+        records = list(DefaultRecordBatch(batch))
+        return RecordColumns([r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
+                             [r.value for r in records], [tuple(r.headers) for r in records])
+    except Exception as e:  # as batch_records
+        raise _decode_error(batch, e) from e
+
+
+def _decode_error(batch: bytes | bytearray | memoryview, e: Exception) -> RecordDecodeError:
+    base_offset = int.from_bytes(batch[:8], "big", signed=True) if len(batch) >= 8 else "?"
+    return RecordDecodeError(f"batch at offset {base_offset}: {type(e).__name__}: {e}")
 
 
 def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp: int,

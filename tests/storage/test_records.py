@@ -14,7 +14,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tierproxy.storage.records import Record, RecordDecodeError, batch_records, first_record_at_or_after
+from tierproxy.storage.records import Record, RecordDecodeError, batch_columns, batch_records, first_record_at_or_after
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.records import (
     ATTRIBUTES_OFFSET,
@@ -280,3 +280,30 @@ def test_garbage_is_a_clean_error(body, compression, count):
     except RecordDecodeError:
         pass
     assert issubclass(RecordDecodeError, DecodeError)
+
+
+# ----------------------------------------------------------------------------- columns
+
+
+@pytest.mark.parametrize("name", ["none", *sorted(COMPRESSORS)])
+def test_columns_hold_the_records_field_by_field(name):
+    records = sample(200)
+    data = build(records, base_offset=40)
+    if name != "none":
+        compression, compress = COMPRESSORS[name]
+        data = with_body(data, compress(data[HEADER_SIZE:]), compression)
+    expected = as_records(records, base_offset=40)
+    columns = batch_columns(memoryview(bytearray(data)))
+    assert [Record(*fields) for fields in zip(*columns)] == expected
+    keep = [r.offset % 3 == 0 or r.value is None for r in expected]
+    assert [Record(*fields) for fields in zip(*columns.select(keep))] == [r for r, k in zip(expected, keep) if k]
+
+
+def test_columns_of_a_bad_batch_raise_as_the_records_do():
+    data = bytearray(build(sample(20), base_offset=1234))
+    data[-5:] = b"\xff" * 5  # the last record cut short
+    with pytest.raises(RecordDecodeError, match="batch at offset 1234") as by_records:
+        list(batch_records(bytes(data)))
+    with pytest.raises(RecordDecodeError, match="batch at offset 1234") as by_columns:
+        batch_columns(bytes(data))
+    assert type(by_columns.value.__cause__) is type(by_records.value.__cause__)
