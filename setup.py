@@ -8,4 +8,5 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("tierproxy.protocol._fetch_wire", ["protocol/_fetch_wire.c"], optional=True),
+    Extension("tierproxy.pipeline._record_arrays", ["pipeline/_record_arrays.c"], optional=True),
 ])

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import tempfile
 from collections import defaultdict
@@ -44,6 +45,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -72,6 +74,8 @@ from tierproxy.config import (
 )
 from tierproxy.config.properties import read_properties
 from tierproxy.protocol.records import Batch
+from tierproxy.pipeline.record_arrays import RecordArrays, batch_arrays
+from tierproxy.pipeline.record_arrays import concat as concat_records
 from tierproxy.remote_log.reader import RemoteLogReader
 from tierproxy.storage.errors import RemoteResourceNotFound, RemoteSegmentNotFound
 from tierproxy.storage.factory import remote_log_metadata_manager, remote_storage_manager
@@ -79,7 +83,6 @@ from tierproxy.storage.indexes import AbortedTxn, ProducerState
 from tierproxy.storage.metadata import RemoteLogMetadataManager
 from tierproxy.storage.metadata.file_store import LOG_FILE_NAME as METADATA_LOG_FILE_NAME
 from tierproxy.storage.model import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
-from tierproxy.storage.records import RecordColumns, batch_columns
 
 NAME = "tierproxy"
 
@@ -437,7 +440,7 @@ async def _wanted(
     piece: SegmentSlice,
     starting_timestamp: int | None,
     ending_timestamp: int | None,
-) -> AsyncIterator[tuple[Batch, RecordColumns]]:
+) -> AsyncIterator[tuple[Batch, RecordArrays]]:
     """(batch, its wanted records) for each batch with any."""
     first, end = piece.first_offset, piece.end_offset
     aborted: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -455,13 +458,22 @@ async def _wanted(
             f <= header.base_offset <= last for f, last in aborted.get(header.producer_id, ())
         ):
             continue
-        columns = batch_columns(batch.view)
-        offsets, timestamps = columns.offsets, columns.timestamps
-        if offsets and not (first <= offsets[0] and offsets[-1] < end
-                            and low <= min(timestamps) and max(timestamps) < high):
-            columns = columns.select([first <= o < end and low <= t < high for o, t in zip(offsets, timestamps)])
-        if columns.offsets:
-            yield batch, columns
+        records = batch_arrays(batch.view, header)
+        keep = []
+        if not (first <= header.base_offset and header.last_offset < end):
+            keep += [pc.greater_equal(records.offsets, _int64(first)), pc.less(records.offsets, _int64(end))]
+        if starting_timestamp is not None:
+            keep.append(pc.greater_equal(records.timestamps, _int64(low)))
+        if header.max_timestamp >= high:
+            keep.append(pc.less(records.timestamps, _int64(high)))
+        if keep:
+            records = records.filter(functools.reduce(pc.and_, keep))
+        if len(records):
+            yield batch, records
+
+
+def _int64(value: int) -> pa.Scalar:
+    return pa.scalar(value, pa.int64())
 
 
 class _ArrowRows:
@@ -473,52 +485,46 @@ class _ArrowRows:
         self.partition = partition
         self.schema = ARROW_SCHEMA_WITH_LEADER_EPOCH if leader_epoch else ARROW_SCHEMA
         self.leader_epochs: list[int] | None = [] if leader_epoch else None
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
+        self.records: list[RecordArrays] = []
         self.timestamp_types: list[int] = []
-        self.headers: list[tuple] = []
-        self.size = 0
+        self.rows = self.size = 0
 
     def __bool__(self) -> bool:
-        return bool(self.offsets)
+        return bool(self.rows)
 
     @property
     def full(self) -> bool:
-        return len(self.offsets) >= _ARROW_BATCH_ROWS or self.size >= _ARROW_BATCH_BYTES
+        return self.rows >= _ARROW_BATCH_ROWS or self.size >= _ARROW_BATCH_BYTES
 
-    def add(self, batch: Batch, columns: RecordColumns) -> None:
-        count = len(columns.offsets)
+    def add(self, batch: Batch, records: RecordArrays) -> None:
+        count = len(records)
         if self.leader_epochs is not None:
             self.leader_epochs.extend([batch.header.partition_leader_epoch] * count)
-        self.keys.extend(columns.keys)
-        self.values.extend(columns.values)
-        self.offsets.extend(columns.offsets)
-        self.timestamps.extend([t * 1000 for t in columns.timestamps])  # microseconds, as Spark keeps timestamps
+        self.records.append(records)
         self.timestamp_types.extend([int(batch.header.timestamp_type)] * count)
-        self.headers.extend(columns.headers)
-        self.size += sum(map(len, filter(None, columns.keys))) + sum(map(len, filter(None, columns.values)))
+        self.rows += count
+        self.size += records.nbytes
 
     def flush(self) -> pa.RecordBatch:
-        n = len(self.offsets)
+        n = self.rows
+        records = concat_records(self.records)
         types = [f.type for f in ARROW_SCHEMA]
         columns = [
-            pa.array(self.keys, types[0]),
-            pa.array(self.values, types[1]),
+            records.keys,
+            records.values,
             pa.array([self.topic] * n, types[2]),
             pa.array([self.partition] * n, types[3]),
-            pa.array(self.offsets, types[4]),
-            pa.array(self.timestamps, types[5]),
+            records.offsets.cast(types[4]),
+            pc.multiply(records.timestamps, 1000).cast(types[5]),  # microseconds, as Spark keeps timestamps
             pa.array(self.timestamp_types, types[6]),
-            pa.array(self.headers, types[7]),
+            pa.array(records.headers, types[7]),
         ]
         if self.leader_epochs is not None:
             columns.append(pa.array(self.leader_epochs, pa.int32()))
             self.leader_epochs.clear()
-        for column in (self.keys, self.values, self.offsets, self.timestamps, self.timestamp_types, self.headers):
-            column.clear()
-        self.size = 0
+        self.records.clear()
+        self.timestamp_types.clear()
+        self.rows = self.size = 0
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 

@@ -23,7 +23,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # folders installed as tierproxy.<folder>
 LAYERS = ("protocol", "config", "client", "storage", "cache", "remote_log", "proxy", "pipeline")
 # The compiled accelerators (setup.py): built here, as where `pip install` found a compiler.
-EXTENSIONS = ("tierproxy.protocol._fetch_wire",)
+EXTENSIONS = ("tierproxy.protocol._fetch_wire", "tierproxy.pipeline._record_arrays")
 BUILT = all(importlib.util.find_spec(name) is not None for name in EXTENSIONS)
 
 

@@ -10,7 +10,6 @@ import crc32c
 import cramjam
 import pytest
 from aiokafka.codec import snappy_encode
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,52 +26,13 @@ from tierproxy.protocol.records import (
     read_batch_header,
 )
 from tests.helpers.batches import batch, control_batch
-
-BASE_TIMESTAMP = 1_700_000_000_000
-
-
-def build(
-    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
-    compression: Compression = Compression.NONE,
-    *,
-    base_offset: int = 0,
-    transactional: bool = False,
-) -> bytes:
-    """A batch from aiokafka's builder: (timestamp, key, value, headers) per record."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=int(compression), is_transactional=int(transactional),
-        producer_id=7 if transactional else -1, producer_epoch=0 if transactional else -1,
-        base_sequence=0 if transactional else -1, batch_size=1 << 24,
-    )
-    for delta, (timestamp, key, value, headers) in enumerate(records):
-        assert builder.append(delta, timestamp=timestamp, key=key, value=value, headers=headers) is not None
-    data = bytearray(builder.build())
-    struct.pack_into(">q", data, 0, base_offset)  # the broker assigns the base offset
-    return bytes(data)
-
-
-def with_body(data: bytes, body: bytes, compression: Compression, *, extra_attributes: int = 0) -> bytes:
-    """The batch with its records block replaced and its attributes, length and CRC fixed."""
-    out = bytearray(data[:HEADER_SIZE] + body)
-    (attributes,) = struct.unpack_from(">h", out, ATTRIBUTES_OFFSET)
-    struct.pack_into(">h", out, ATTRIBUTES_OFFSET, (attributes & ~0x07) | int(compression) | extra_attributes)
-    struct.pack_into(">i", out, 8, len(out) - 12)
-    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(bytes(out[ATTRIBUTES_OFFSET:])))
-    return bytes(out)
+from tests.helpers.record_batches import BASE_TIMESTAMP, COMPRESSORS, build, sample, with_body
 
 
 def decode(data: bytes) -> list[Record]:
     (header,) = iter_batches(data, verify_crc=True)
     assert header.end_position == len(data)
     return list(batch_records(data))
-
-
-def sample(n: int = 300) -> list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
-    return [
-        (BASE_TIMESTAMP + i, b"key-%d" % i if i % 7 else None, (b"value-%d|" % i) * 10 if i % 11 else None,
-         [("seq", b"%d" % i), ("empty", b""), ("null", None)] if i % 3 else [])
-        for i in range(n)
-    ]
 
 
 def as_records(records, base_offset: int = 0) -> list[Record]:
@@ -84,13 +44,6 @@ def as_records(records, base_offset: int = 0) -> list[Record]:
 # What Kafka's Java clients write for snappy (xerial's SnappyOutputStream): this magic,
 # version 1 and compatible version 1, then blocks of (length int32, raw snappy).
 XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
-COMPRESSORS = {
-    "gzip": (Compression.GZIP, lambda d: bytes(cramjam.gzip.compress(d))),
-    "snappy-raw": (Compression.SNAPPY, lambda d: bytes(cramjam.snappy.compress_raw(d))),
-    "snappy-xerial": (Compression.SNAPPY, lambda d: snappy_encode(d, xerial_compatible=True, xerial_blocksize=512)),
-    "lz4-frame": (Compression.LZ4, lambda d: bytes(cramjam.lz4.compress(d))),
-    "zstd": (Compression.ZSTD, lambda d: bytes(cramjam.zstd.compress(d))),
-}
 
 
 @pytest.mark.parametrize("name", sorted(COMPRESSORS))
