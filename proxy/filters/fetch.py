@@ -303,8 +303,11 @@ class FetchFilter(Filter):
     async def _hold_at_replica_end(request: Any, started: float, remote: list[_Remote], available: int) -> None:
         """The broker answers a replica partition at once, so with nothing to answer the
         Fetch waits what is left of its max_wait_ms here, as a broker parks a fetch at the
-        log end: a consumer at the end of a replica does not spin."""
-        if available or not any(entry.replica for entry in remote) or _answers_error(remote):
+        log end: a consumer at the end of a replica does not spin. Not after a remote read
+        that ran out of remote.fetch.max.wait.ms: its partition is not at its end, and Kafka's
+        DelayedRemoteFetch answers such a read empty at once."""
+        if available or not any(entry.replica for entry in remote) or _answers_error(remote) or any(
+                entry.outcome is not None and entry.outcome.expired for entry in remote):
             return
         left = request.max_wait.total_seconds() - (time.monotonic() - started)
         if left > 0:
