@@ -18,7 +18,7 @@ from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 
 from tierproxy.protocol.extensions import compiled
 from tierproxy.protocol.records import HEADER_SIZE, BatchHeader, Compression, TimestampType
-from tierproxy.storage.records import RecordDecodeError, batch_columns
+from tierproxy.storage.records import batch_columns, decode_error
 
 __all__ = ("RecordArrays", "batch_arrays", "concat")
 
@@ -70,7 +70,7 @@ def batch_arrays(batch: bytes | bytearray | memoryview, header: BatchHeader) -> 
          value_data, headers) = _compiled.decode(records, header.records_count, header.base_offset,
                                                  header.base_timestamp, append_time)
     except Exception as e:  # the codecs' errors, the decoder's ValueError, UTF-8 of a header key
-        raise RecordDecodeError(f"batch at offset {header.base_offset}: {type(e).__name__}: {e}") from e
+        raise decode_error(batch, e) from e
     n = header.records_count
     return RecordArrays(
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),

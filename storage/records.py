@@ -21,7 +21,8 @@ from aiokafka.record.default_records import DefaultRecordBatch
 
 from tierproxy.protocol.errors import DecodeError
 
-__all__ = ("Record", "RecordColumns", "RecordDecodeError", "batch_columns", "batch_records", "first_record_at_or_after")
+__all__ = ("Record", "RecordColumns", "RecordDecodeError", "batch_columns", "batch_records", "decode_error",
+           "first_record_at_or_after")
 
 
 class RecordDecodeError(DecodeError):
@@ -46,7 +47,7 @@ def batch_records(batch: bytes | bytearray | memoryview) -> Iterator[Record]:
         for record in DefaultRecordBatch(batch):
             yield Record(record.offset, record.timestamp, record.key, record.value, tuple(record.headers))
     except Exception as e:  # aiokafka's own errors, the codecs', struct's, UTF-8 of a header key
-        raise _decode_error(batch, e) from e
+        raise decode_error(batch, e) from e
 
 
 class RecordColumns(NamedTuple):
@@ -79,10 +80,11 @@ def batch_columns(batch: bytes | bytearray | memoryview) -> RecordColumns:
         return RecordColumns([r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
                              [r.value for r in records], [tuple(r.headers) for r in records])
     except Exception as e:  # as batch_records
-        raise _decode_error(batch, e) from e
+        raise decode_error(batch, e) from e
 
 
-def _decode_error(batch: bytes | bytearray | memoryview, e: Exception) -> RecordDecodeError:
+def decode_error(batch: bytes | bytearray | memoryview, e: Exception) -> RecordDecodeError:
+    """The error for a batch whose records do not decode, naming its base offset."""
     base_offset = int.from_bytes(batch[:8], "big", signed=True) if len(batch) >= 8 else "?"
     return RecordDecodeError(f"batch at offset {base_offset}: {type(e).__name__}: {e}")
 
