@@ -8,7 +8,8 @@ partition's offsets come in order, none lost, none twice) read through it in pha
 `--phase` seconds, alternately alone and beside hostile clients:
 
 - `--pipeliners` connections that keep sending Fetch requests for remote offsets and
-  never read a response;
+  never read a response (a burst of 8 every 0.5 s: far more than the proxy reads from
+  them; each phase checks that every one still had Fetches unread by the proxy at its end);
 - `--slow` connections that read their Fetch responses at `--slow-kbps` KB/s;
 - `--resetters` connections that send a Fetch, read a little of the response and reset
   the connection, in a loop.
@@ -17,16 +18,21 @@ The phases interleave (alone, hostile, alone, ..., alone), so the machine's nois
 on both; each hostile phase is also set against the two alone phases around it.
 
 The hostile clients run in a process of their own, at `--hostile-nice` (default 0: the
-same priority as everything else). Here they share the machine's cores with the proxy, the
+same priority as everything else), and send Fetch frames encoded once at the start (as a
+flooding tool would: encoding each costs 0.4 ms of Python, which here was taken from the
+honest consumers' cores, not by the proxy). `--hostile-warmup` seconds of them run before
+the first phase, unmeasured: the broker's JIT compiles its login and connection paths in
+the first hostile seconds, which otherwise fell on the first hostile phase. Here they share the machine's cores with the proxy, the
 broker and the honest consumers, which in production they would not: their own CPU (Python,
 a login per resetter connection) is taken from the honest consumers, and that is not the
 proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
 the ratio measures the proxy's fairness; quote which one a figure is. On a machine with every
 core busy, nice 19 leaves the hostile clients almost no CPU at all (they barely attack);
 `--hostile-cpu CORES` instead caps their process at that many cores (a cgroup v1 `cpu`
-quota, as root), so that they attack at a bounded cost. Every hostile phase
-prints the CPU seconds of the hostile clients' process, the proxy (all its processes) and
-this process (the honest consumers).
+quota, as root), so that they attack at a bounded cost. Every phase prints the CPU
+seconds of the hostile clients' process, the proxy (all its processes), the broker and
+this process (the honest consumers); the proxy's metrics are scraped every 3 s in every
+phase alike.
 
 It prints, per worker setting, the honest records/s alone and beside the hostile
 clients, their ratio, the remote reads that ran out of `remote.fetch.max.wait.ms`, the
@@ -34,7 +40,7 @@ longest time an honest consumer went without a record during the hostile phases,
 chunk bytes held by and copied for stalled connections (the proxy's metrics). Partition
 errors the honest consumers saw (they retry them) are counted apart. Exit status 0 only if no
 record was wrong, lost or duplicated. `--profile` samples the proxy with py-spy during the
-first hostile phase and prints the top functions.
+first alone and the first hostile phase and prints the top functions of each.
 
     .venv/bin/python benchmarks/fairness.py --workers 1 2
     .venv/bin/python benchmarks/fairness.py --workers 1 2 --hostile-nice 19
@@ -72,6 +78,11 @@ from benchmark_data import produce  # noqa: E402
 import profiling  # noqa: E402
 
 MIB = 1 << 20
+# A pipeliner's Fetches: a burst this often (16/s per connection, 800/s for fifty).
+PIPELINED_BURST = 8
+PIPELINED_EVERY_S = 0.5
+# The stalled chunk bytes are sampled this often (Prometheus' own scrapes are 15-60 s apart).
+HELD_EVERY_S = 3.0
 LIMITS = {
     "remote.log.chunk.size.bytes": MIB,
     "remote.log.chunk.cache.size.bytes": 32 * MIB,
@@ -111,22 +122,55 @@ def random_offsets(rng: random.Random, per_partition: int) -> list[int]:
     return [rng.randrange(per_partition) for _ in range(PARTITIONS)]
 
 
-async def pipeliner(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
-                    done: collections.Counter[str]) -> None:
-    """Sends Fetch requests for remote offsets and never reads a response."""
+class FetchFrames:
+    """`count` Fetch frames at random remote offsets, encoded once: a client flooding the
+    proxy would not encode each request again (that costs 0.4 ms of Python here, which on
+    two shared cores is taken from the honest consumers, not by the proxy)."""
+
+    CORRELATION_ID = struct.Struct(">i")
+    CORRELATION_ID_AT = 4 + 2 + 2  # after the frame's size, the API key and the version
+
+    def __init__(self, topic: str, per_partition: int, rng: random.Random, count: int = 256) -> None:
+        self.frames = [fetch_frame(topic, random_offsets(rng, per_partition), 0) for _ in range(count)]
+        self.rng = rng
+
+    def next(self, correlation_id: int) -> bytes:
+        frame = bytearray(self.rng.choice(self.frames))
+        self.CORRELATION_ID.pack_into(frame, self.CORRELATION_ID_AT, correlation_id)
+        return bytes(frame)
+
+
+async def pipeliner(proxy: Proxy, frames: FetchFrames, stop: asyncio.Event, done: collections.Counter[str],
+                    ports: list[int]) -> None:
+    """Sends Fetch requests for remote offsets and never reads a response: a burst of
+    `PIPELINED_BURST` every `PIPELINED_EVERY_S` seconds, far more than the proxy answers
+    a connection (one at a time, none while its answers are unread); what it does not read
+    yet waits in the socket (`unread_requests` counts that at the end of a phase)."""
     _, writer = await proxy.login()
+    ports.append(writer.get_extra_info("sockname")[1])
     correlation_id = 10
     try:
         while not stop.is_set():
-            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
-            correlation_id += 1
-            done["Fetches pipelined"] += 1
-            try:
-                await asyncio.wait_for(writer.drain(), 0.5)
-            except TimeoutError:
-                await asyncio.sleep(0.2)  # the proxy stopped reading us: keep the pressure on
+            writer.write(b"".join(frames.next(correlation_id + i) for i in range(PIPELINED_BURST)))
+            correlation_id += PIPELINED_BURST
+            done["Fetches pipelined"] += PIPELINED_BURST
+            await asyncio.sleep(PIPELINED_EVERY_S)  # the kernel buffers what the proxy does not read
     finally:
         writer.transport.abort()
+
+
+def unread_requests(proxy_port: int, client_ports: list[int]) -> int:
+    """How many of these clients' connections have bytes the proxy has not read yet (the
+    receive queue of the proxy's side, from /proc/net/tcp)."""
+    ports = set(client_ports)
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        if state == "01" and int(local.split(":")[1], 16) == proxy_port \
+                and int(remote.split(":")[1], 16) in ports and int(queues.split(":")[1], 16) > 0:
+            waiting += 1
+    return waiting
 
 
 async def read_response(reader: asyncio.StreamReader, rate: float | None, most: int | None = None,
@@ -145,14 +189,14 @@ async def read_response(reader: asyncio.StreamReader, rate: float | None, most: 
             await asyncio.sleep(n / rate)
 
 
-async def slow_reader(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
-                      rate: float, done: collections.Counter[str]) -> None:
+async def slow_reader(proxy: Proxy, frames: FetchFrames, stop: asyncio.Event, rate: float,
+                      done: collections.Counter[str]) -> None:
     """Reads its Fetch responses at `rate` bytes/s, one Fetch at a time."""
     reader, writer = await proxy.login()
     correlation_id = 10
     try:
         while not stop.is_set():
-            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), correlation_id))
+            writer.write(frames.next(correlation_id))
             correlation_id += 1
             await read_response(reader, rate, done=done)
     except (ConnectionError, asyncio.IncompleteReadError):
@@ -161,13 +205,12 @@ async def slow_reader(proxy: Proxy, topic: str, per_partition: int, stop: asynci
         writer.transport.abort()
 
 
-async def resetter(proxy: Proxy, topic: str, per_partition: int, stop: asyncio.Event, rng: random.Random,
-                   done: collections.Counter[str]) -> None:
+async def resetter(proxy: Proxy, frames: FetchFrames, stop: asyncio.Event, done: collections.Counter[str]) -> None:
     """Sends a Fetch, reads 64 KiB of the response, resets the connection; in a loop."""
     while not stop.is_set():
         reader, writer = await proxy.login()
         try:
-            writer.write(fetch_frame(topic, random_offsets(rng, per_partition), 10))
+            writer.write(frames.next(10))
             await read_response(reader, None, 64 * 1024)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -182,12 +225,14 @@ async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, 
     done: collections.Counter[str] = collections.Counter()
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(seconds, stop.set)
-    clients = [pipeliner(proxy, topic, per_partition, stop, rng, done) for _ in range(args.pipeliners)]
-    clients += [slow_reader(proxy, topic, per_partition, stop, rng, args.slow_kbps * 1000, done)
-                for _ in range(args.slow)]
-    clients += [resetter(proxy, topic, per_partition, stop, rng, done) for _ in range(args.resetters)]
+    frames = FetchFrames(topic, per_partition, rng)
+    ports: list[int] = []
+    clients = [pipeliner(proxy, frames, stop, done, ports) for _ in range(args.pipeliners)]
+    clients += [slow_reader(proxy, frames, stop, args.slow_kbps * 1000, done) for _ in range(args.slow)]
+    clients += [resetter(proxy, frames, stop, done) for _ in range(args.resetters)]
     tasks = [asyncio.create_task(client) for client in clients]
     await stop.wait()
+    done["pipeliners with Fetches unread by the proxy at the end"] = unread_requests(proxy.port, ports)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -352,6 +397,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
             thread.start()
         rng = random.Random(args.seed)
         time.sleep(args.warmup)
+        if args.hostile_warmup:  # the broker's and the proxy's first logins and remote reads
+            run_hostile(proxy, topic, max(per_partition.values()), args.hostile_warmup, args, rng.randrange(1 << 30))
+            time.sleep(args.warmup)
         before = proxy_counters(metrics_port, COUNTERS)
         errors_before = read_errors_by_reason(metrics_port)
         held_peak = 0.0
@@ -362,19 +410,27 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     records, started = state.records, time.monotonic()
                     state.last_record = [started] * args.honest
                 proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
-                if with_hostile:
-                    hostile_on.set()
-                    peak: list[float] = [0.0]
-                    watcher = threading.Thread(target=_held_watch, args=(metrics_port, hostile_on, peak))
-                    watcher.start()
-                    raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase == 1 else None
-                    with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
+                broker_cpu = tree_cpu_seconds(args.broker_pid)
+                # The metrics are scraped in every phase alike: a scrape costs the proxy CPU.
+                phase_on = threading.Event()
+                phase_on.set()
+                peak: list[float] = [0.0]
+                watcher = threading.Thread(target=_held_watch, args=(metrics_port, phase_on, peak))
+                watcher.start()
+                # The first alone and the first hostile phase, with --profile.
+                raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase < 2 else None
+                with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
+                    if with_hostile:
+                        hostile_on.set()
                         hostile_cpu, done = run_hostile(proxy, topic, max(per_partition.values()), args.phase,
-                                                          args, rng.randrange(1 << 30))
-                else:
-                    hostile_cpu, done = 0.0, {}
-                    time.sleep(args.phase)
-                cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu)
+                                                        args, rng.randrange(1 << 30))
+                    else:
+                        hostile_cpu, done = 0.0, {}
+                        time.sleep(args.phase)
+                phase_on.clear()
+                watcher.join()
+                cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu,
+                       tree_cpu_seconds(args.broker_pid) - broker_cpu)
                 with state.lock:
                     phase_records = state.records - records
                     rate = phase_records / (time.monotonic() - started)
@@ -383,15 +439,16 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 # The proxy's CPU per honest record: what hostile clients add to it is the
                 # proxy's work for them.
                 proxy_per_record.append((with_hostile, cpu[1] / max(phase_records, 1)))
+                if raw:
+                    print(f"proxy profile, {'hostile' if with_hostile else 'alone'} phase:\n"
+                          + profiling.format_summary(*profiling.summarize(raw), top=25), flush=True)
                 if with_hostile:
-                    if raw:
-                        print(profiling.format_summary(*profiling.summarize(raw), top=15), flush=True)
                     hostile_on.clear()
-                    watcher.join()
                     held_peak = max(held_peak, peak[0])
                 cpu_note = (f" ({', '.join(f'{n:,} {what}' for what, n in sorted(done.items()))}; CPU s: "
-                            f"hostile clients {cpu[0]:.1f}, proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
-                            ) if with_hostile else f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f})"
+                            f"hostile clients {cpu[0]:.1f}, proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, "
+                            f"broker {cpu[3]:.1f})") if with_hostile else (
+                    f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f})")
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
                       f"{rate:,.0f} records/s{cpu_note}", flush=True)
         finally:
@@ -409,11 +466,15 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
 
 
 def _held_watch(metrics_port: int, on: threading.Event, peak: list[float]) -> None:
-    """The peak of the chunk bytes stalled connections hold, sampled while `on` is set."""
+    """The peak of the chunk bytes stalled connections hold, sampled every `HELD_EVERY_S` while
+    `on` is set (as often in every phase: a scrape costs the proxy CPU, 10-130 ms with two
+    workers, and it falls on each phase alike)."""
     while on.is_set():
         with contextlib.suppress(OSError):
             peak[0] = max(peak[0], proxy_counters(metrics_port, {"tierproxy_stalled_chunk_bytes": "held"})["held"])
-        time.sleep(0.5)
+        on.wait(HELD_EVERY_S)
+        if not on.is_set():
+            break
 
 
 def main() -> int:
@@ -428,6 +489,9 @@ def main() -> int:
     parser.add_argument("--phase", type=float, default=15, help="seconds per phase")
     parser.add_argument("--rounds", type=int, default=3, help="(alone, hostile) pairs per setting")
     parser.add_argument("--warmup", type=float, default=5)
+    parser.add_argument("--hostile-warmup", type=float, default=6,
+                        help="seconds of hostile clients before the first phase, not measured (the broker's JIT "
+                             "compiles its login and connection paths in the first hostile seconds)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--hostile-nice", type=int, default=0,
                         help="niceness of the hostile clients' process (19: the proxy's fairness alone)")
@@ -442,6 +506,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tierproxy-fairness-") as tmp_dir, \
             KafkaCluster(1, sasl_plain_users={"admin": PASSWORD}) as kafka:
         tmp = Path(tmp_dir)
+        args.broker_pid = next(iter(kafka.pids.values()))
         internal = f"127.0.0.1:{kafka.listener_ports[0]['INTERNAL']}"
         topic = "fairness"
         kafka.create_topic(topic, partitions=PARTITIONS)
@@ -488,12 +553,12 @@ def main() -> int:
               f"| {per_round} | {r['gap']:.1f} s "
               f"| {r['reads']:,.0f} ({r['expired']:,.0f}) | {len(r['errors'])} | {r['held_peak'] / MIB:.1f} MiB "
               f"| {r['copied'] / MIB:.1f} MiB |")
-        cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(3)]
-        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(3)]
+        cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(4)]
+        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(4)]
         per_record = {h: statistics.median(x for w, x in r["proxy_per_record"] if w == h) * 1e6 for h in (False, True)}
         print(f"  {workers} worker(s), CPU cores used in the hostile phases: hostile clients {cpu[0]:.2f}, "
-              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}; alone: proxy {alone_cpu[1]:.2f}, honest "
-              f"consumers {alone_cpu[2]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
+              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}, broker {cpu[3]:.2f}; alone: proxy "
+              f"{alone_cpu[1]:.2f}, honest consumers {alone_cpu[2]:.2f}, broker {alone_cpu[3]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
               f"beside hostile {per_record[True]:.1f}")
         if r["read_errors"]:
             print(f"  {workers} worker(s), failed remote reads (all clients') by reason: "
