@@ -21,7 +21,10 @@ The connection behaves like a broker's channel:
   remote chunks its responses send from stay leased (``cache.chunk_buffers``) until
   they are written or the connection closes, within the chunk cache's bound. Such a
   connection is ``stalled``: remote reads still to run for it wait behind other
-  connections' in the reader pool, whose turns go round the connections.
+  connections' in the reader pool, whose turns go round the connections. One with a Fetch
+  waiting behind the request in hand is ``pipelining`` (Kafka's consumers keep one Fetch in
+  flight per broker): a full reader queue refuses its reads before those of connections
+  that do neither.
 - Limits: the frame bound and the requests allowed are the authentication gate's
   (``socket.request.max.bytes``; before a SASL login ``sasl.server.max.receive.size``
   whenever the listener may want one, see ``proxy.authentication``),
@@ -53,6 +56,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tierproxy.protocol.acks import expects_response
+from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.errors import DecodeError, FrameError, ProtocolError
 from tierproxy.protocol.framing import FrameDecoder, encode_frame
 from tierproxy.protocol.headers import (
@@ -97,6 +101,7 @@ WRITE_HIGH_WATER = 1024 * 1024
 MAX_RESPONSE_BYTES = 2**31 - 1
 
 _INT32 = struct.Struct(">i")
+_FETCH = int(ApiKey.FETCH)  # below 256: the API key's high byte is 0
 
 
 class UpstreamClosed(ConnectionError):
@@ -237,6 +242,7 @@ class ClientConnection(asyncio.Protocol):
         # Requests read but not dispatched yet: behind a request being handled, or
         # waiting for the client to read its responses.
         self._waiting: collections.deque[memoryview] = collections.deque()
+        self._fetches_waiting = 0  # of those, Fetch requests (`pipelining`)
         self._handling = False  # a filter chain has the connection muted
         self._client_behind = False  # more unsent responses than the bound
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -318,6 +324,9 @@ class ClientConnection(asyncio.Protocol):
             self._frame_started = now
         if frames:
             self._waiting.extend(frames)
+            for body in frames:
+                if _is_fetch(body):
+                    self._fetches_waiting += 1
             self._dispatch_waiting()
 
     def eof_received(self) -> bool:
@@ -345,6 +354,12 @@ class ClientConnection(asyncio.Protocol):
         """The client is not reading its responses: more than the pending bound is unsent,
         or its socket has taken nothing for a while (`paced.STALLED_AFTER_S`)."""
         return self._client_behind or (self._writer is not None and self._writer.stalled)
+
+    @property
+    def pipelining(self) -> bool:
+        """The client sent a Fetch that waits behind the request in hand: Kafka's consumers
+        keep one Fetch in flight per broker, so this is a client that pipelines them."""
+        return self._fetches_waiting > 0
 
     def _client_fell_behind(self) -> None:
         # The client is not reading: neither its requests nor its broker's responses are.
@@ -400,7 +415,10 @@ class ClientConnection(asyncio.Protocol):
             if (self._handling or self._client_behind or self._upstream is None
                     or len(self._orderer) >= self._max_in_flight):
                 break
-            self._on_request(waiting.popleft())
+            body = waiting.popleft()
+            if _is_fetch(body):
+                self._fetches_waiting -= 1
+            self._on_request(body)
         if self._closed:
             return
         if waiting:
@@ -657,6 +675,7 @@ class ClientConnection(asyncio.Protocol):
         # collector ran.
         self._decoder.discard()
         self._waiting.clear()
+        self._fetches_waiting = 0
         self._early = None
         self.ctx = None
         self._orderer.clear()
@@ -681,6 +700,11 @@ class ClientConnection(asyncio.Protocol):
                 self._client.close()
             else:
                 self._client.abort()
+
+
+def _is_fetch(body: memoryview) -> bool:
+    """Whether a request frame body is a Fetch (its API key, the header's first int16)."""
+    return len(body) >= 2 and body[0] == 0 and body[1] == _FETCH
 
 
 def _response_payload(api_key: int, api_version: int, body: memoryview) -> memoryview:

@@ -30,10 +30,14 @@ last, and the waiting read with the lowest tag starts next. So a connection read
 partition of 4 MiB per Fetch gets a read of 1 MiB for each of a consumer's four partitions
 of 1 MiB in between, not four times the consumer's bytes; with equal costs this is round
 robin. An owner whose responses are not being read (`ReadOwner.stalled`) waits behind every
-other owner. When the queue is full, a stalled owner, or else the one with the most bytes
-waiting, gives up its newest read to a submitter that is not stalled or has fewer bytes
-waiting (ReaderQueueFull for that read), so the bound holds without refusing the
-connections that queue little.
+other owner. When the queue is full, the owner ranked last, of those the one with the most
+bytes waiting, gives up its newest read to a submitter ranked before it, or ranked alike
+with fewer bytes waiting (ReaderQueueFull for that read), so the bound holds without
+refusing the connections that queue little. The ranks: stalled last, then one that sent
+another Fetch before this one was answered (`ReadOwner.pipelining`: no consumer does,
+Kafka's clients keep one Fetch in flight per broker), then the rest. A pipelining owner
+still takes its turns: once answered, it stalls or reads like any other; held back, its
+reads would only expire, and their empty answers bring its next Fetch at once.
 
 Chunks are loaded ahead of a read (beyond what it reads itself) only for an owner that reads
 a partition sequentially (`owner_reads_on`): its read starts where its last read of that
@@ -79,6 +83,12 @@ class ReadOwner(Protocol):
         """Its responses are not being read: its reads wait behind every other owner's."""
         ...
 
+    @property
+    def pipelining(self) -> bool:
+        """It sent another Fetch before the one being read for was answered: a full queue
+        refuses its reads before those of an owner that neither stalls nor pipelines."""
+        ...
+
 
 _OWNER: contextvars.ContextVar[ReadOwner | None] = contextvars.ContextVar("tierproxy_read_owner", default=None)
 
@@ -119,6 +129,13 @@ def owner_read(partition: Hashable, offset: int, next_offset: int) -> None:
 
 def _stalled(owner: ReadOwner | None) -> bool:
     return owner is not None and owner.stalled
+
+
+def _rank(owner: ReadOwner | None) -> int:
+    """Whose reads a full queue refuses first: 2 (stalled), then 1 (pipelining), then 0."""
+    if owner is None:
+        return 0
+    return 2 if owner.stalled else 1 if owner.pipelining else 0
 
 
 @dataclass(eq=False, slots=True)
@@ -219,13 +236,14 @@ class RemoteLogReaderPool:
         return tag
 
     def _push_out(self, owner: ReadOwner | None) -> bool:
-        """The queue is full: refuse the newest read of the owner with the most bytes waiting
-        (a stalled owner's first), if it has more than `owner`; whether one was refused."""
-        def waiting(o: ReadOwner | None) -> int:
-            return sum(entry.cost for entry in self._pending.get(o, ()))
+        """The queue is full: refuse the newest read of the owner ranked last, of those the
+        one with the most bytes waiting, if it comes after `owner` (ranked after it, or alike
+        with more bytes waiting); whether one was refused."""
+        def place(o: ReadOwner | None) -> tuple[int, int]:
+            return _rank(o), sum(entry.cost for entry in self._pending.get(o, ()))
 
-        hog = max(self._pending, key=lambda o: (_stalled(o), waiting(o)))
-        if hog is owner or not (waiting(hog) > waiting(owner) or _stalled(hog) and not _stalled(owner)):
+        hog = max(self._pending, key=place)
+        if hog is owner or place(hog) <= place(owner):
             return False
         entry = self._pending[hog][-1]
         self._remove(hog, entry)
@@ -355,11 +373,7 @@ class RemoteLogReaderPool:
     def _next_owner(self) -> ReadOwner | None:
         """The owner whose next read has the lowest tag, of those not stalled; all stalled,
         of all (the first submitted of equal tags)."""
-        def tag(o: ReadOwner | None) -> float:
-            return self._pending[o][0].tag
-
-        not_stalled = [o for o in self._pending if not _stalled(o)]
-        return min(not_stalled or self._pending, key=tag)
+        return min(self._pending, key=lambda o: (_stalled(o), self._pending[o][0].tag))
 
     def _give_up(self, future: asyncio.Future[ReadOutcome]) -> None:
         """Cancel a read's future and free its place in the queue now, not on a later loop turn."""

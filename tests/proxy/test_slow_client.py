@@ -57,6 +57,13 @@ def _held(proxy: ProxyThread) -> tuple[int, int]:
     return proxy.call(lambda: (cache._held_by_responses(), cache.total_bytes))
 
 
+def _pipelining(proxy: ProxyThread) -> set[str]:
+    """The client addresses of the connections that pipeline Fetches, read on the proxy's loop."""
+    assert proxy.server is not None
+    connections = proxy.server._connections
+    return proxy.call(lambda: {c.peer for c in connections if c.pipelining})
+
+
 def _metric(proxy: ProxyThread, name: str) -> float:
     assert proxy.server is not None
     return proxy.server.services.metrics.value(name)
@@ -86,12 +93,17 @@ async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are
         await wait_until(lambda: _held(proxy)[0] > 0, 30, "the stuck client's responses hold chunks")
         held, total = _held(proxy)
         assert held <= BOUND and total <= BOUND + CHUNK
+        # Its Fetches wait behind the one in hand: it pipelines, and its reads come last.
+        stuck_peer = "%s:%d" % stuck.getsockname()
+        assert _pipelining(proxy) == {stuck_peer}
 
         peaks = []
+        pipelining = set()
 
         async def watch() -> None:
             while True:
                 peaks.append(_held(proxy))
+                pipelining.update(_pipelining(proxy))
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(watch())
@@ -104,6 +116,7 @@ async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are
         assert [record_key(r) for r in sorted(consumed, key=lambda r: r.offset)] == expected_keys(tiered.records)
         # One demand load in flight per connection may pass the bound by its chunk.
         assert peaks and all(held <= BOUND and total <= BOUND + 2 * CHUNK for held, total in peaks), peaks
+        assert pipelining == {stuck_peer}  # a consumer keeps one Fetch in flight: it never pipelines
         assert _held(proxy)[0] > 0  # the stuck client still holds its responses' chunks
         # The metrics say what it costs: the chunk bytes it holds.
         await wait_until(lambda: _metric(proxy, "tierproxy_stalled_chunk_bytes") > 0, 10,

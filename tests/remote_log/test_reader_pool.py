@@ -112,11 +112,13 @@ async def test_a_full_queue_is_an_immediate_error_not_a_wait() -> None:
 
 
 class Owner:
-    """A connection that reads are for: `stalled` while its client reads nothing."""
+    """A connection that reads are for: `stalled` while its client reads nothing,
+    `pipelining` while a Fetch it sent waits behind the one in hand."""
 
-    def __init__(self, name: str, stalled: bool = False) -> None:
+    def __init__(self, name: str, stalled: bool = False, pipelining: bool = False) -> None:
         self.name = name
         self.stalled = stalled
+        self.pipelining = pipelining
 
 
 def submit_for(pool: RemoteLogReaderPool, owner: Owner, read, cost: int = 1):  # type: ignore[no-untyped-def]
@@ -208,6 +210,53 @@ async def test_a_full_queue_refuses_the_newest_read_of_the_owner_with_most_waiti
         submit_for(pool, hog, order.read("hog-4"))
     await run_one_at_a_time(pool, order, [running, *queued[:-1], mine])
     assert order.started[1:3] == ["honest-0", "hog-0"]  # the hog's running read was its turn
+    await pool.close()
+
+
+async def test_a_pipelining_owner_takes_its_turns_and_a_stalled_one_waits() -> None:
+    """A connection that sent another Fetch before its last was answered reads in its turn
+    (held back, its reads would expire and their empty answers bring its next Fetch at
+    once); a stalled one waits behind both."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=100)
+    order = Order()
+    stuck, piped, reader = Owner("stuck", stalled=True), Owner("piped", pipelining=True), Owner("reader")
+    futures = [submit_for(pool, Owner("other"), order.read("running"))]
+    futures += [submit_for(pool, owner, order.read(f"{owner.name}-{p}"))
+                for owner in (stuck, piped, reader) for p in range(2)]
+    await run_one_at_a_time(pool, order, futures)
+    assert order.started[1:] == ["piped-0", "reader-0", "piped-1", "reader-1", "stuck-0", "stuck-1"]
+    await pool.close()
+
+
+async def test_a_full_queue_refuses_a_pipelining_owner_before_a_consumer_with_as_many_bytes() -> None:
+    """A consumer's Fetch of four partitions queues as many bytes as a pipelining
+    connection's: the pipelining one gives up its place, the consumer's fourth read queues."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=4)
+    order = Order()
+    piped, consumer = Owner("piped", pipelining=True), Owner("consumer")
+    running = submit_for(pool, Owner("other"), order.read("running"))
+    piped_reads = [submit_for(pool, piped, order.read(f"piped-{i}"), cost=2) for i in range(2)]
+    consumer_reads = [submit_for(pool, consumer, order.read(f"consumer-{i}"), cost=1) for i in range(2)]
+    consumer_reads += [submit_for(pool, consumer, order.read(f"consumer-{i}"), cost=1) for i in (2, 3)]
+    for pushed_out in piped_reads:
+        assert isinstance((await asyncio.wait_for(pushed_out, 1)).error, ReaderQueueFull)
+    await run_one_at_a_time(pool, order, [running, *consumer_reads])
+    assert order.started[1:] == [f"consumer-{i}" for i in range(4)]
+    await pool.close()
+
+
+async def test_a_stalled_submitter_never_pushes_out_the_read_of_one_that_reads() -> None:
+    """A full queue: a connection whose client reads nothing is refused, even with fewer bytes
+    waiting than a connection that reads its answers."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=2)
+    order = Order()
+    reader, stuck = Owner("reader"), Owner("stuck", stalled=True)
+    running = submit_for(pool, reader, order.read("running"))
+    queued = [submit_for(pool, reader, order.read(f"reader-{i}")) for i in range(2)]
+    with pytest.raises(ReaderQueueFull):
+        submit_for(pool, stuck, order.read("stuck-0"))
+    await run_one_at_a_time(pool, order, [running, *queued])
+    assert order.started[1:] == ["reader-0", "reader-1"]
     await pool.close()
 
 
