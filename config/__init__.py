@@ -588,6 +588,13 @@ MAX_CONNECTIONS = _define("max.connections", int, 2**31 - 1,
 MAX_CONNECTIONS_PER_IP = _define("max.connections.per.ip", int, 2**31 - 1,
         "Client connections from one IP address at once; over it a new connection is closed at once.",
         "connection limits", validator=Range(0))
+MAX_CONNECTION_CREATION_RATE = _define("max.connection.creation.rate", int, 2**31 - 1,
+        "New client connections per second the proxy takes on, all listeners together (Kafka's "
+        "KIP-612 broker config). A connection over the rate waits, unread, until the rate allows "
+        "it, as Kafka's acceptor delays accepting it; connections already open are not slowed. "
+        "Bursts of up to one second's worth pass at once; each of proxy.workers takes its share. "
+        "The default, Int.MaxValue, is no bound.",
+        "connection limits", validator=Range(1))
 REMOTE_LOG_INDEX_FILE_CACHE_TOTAL_SIZE_BYTES = _define("remote.log.index.file.cache.total.size.bytes", int, GIB,
         "Bytes of remote indexes cached in memory (Kafka's name; the KIP's `.size.mb` is accepted too).",
         "proxy", validator=Range(0), alias="remote.log.index.file.cache.total.size.mb",

@@ -29,7 +29,8 @@ The connection behaves like a broker's channel:
   (``socket.request.max.bytes``; before a SASL login ``sasl.server.max.receive.size``
   whenever the listener may want one, see ``proxy.authentication``),
   ``connections.max.idle.ms`` and ``request.receive.timeout.ms`` (checked by the
-  server, ``check_timeouts``).
+  server, ``check_timeouts``). A new connection over ``max.connection.creation.rate``
+  waits for its turn (``ConnectionServer.connection_delay``) before anything is read.
 
 Nothing here is specific to an API: a request whose API key and version have filters
 goes through their chain (``proxy.filters``), every other one is forwarded as an
@@ -117,6 +118,10 @@ class ConnectionServer(Protocol):
 
     def connection_opened(self, connection: ClientConnection) -> str | None:
         """Admit the connection, or name the limit that refuses it."""
+        ...
+
+    def connection_delay(self) -> float:
+        """Seconds an admitted connection waits for its turn (max.connection.creation.rate)."""
         ...
 
     def connection_closed(self, connection: ClientConnection) -> None: ...
@@ -272,11 +277,14 @@ class ClientConnection(asyncio.Protocol):
             client.abort()
             return
         self._metrics.connections_active.labels(self.listener).inc()
-        # Nothing is read until the broker connection exists to forward it to.
+        # Nothing is read until the broker connection exists to forward it to, nor before
+        # the connection's turn under max.connection.creation.rate.
         self.block_client_reads("connecting to broker")
-        self._spawn(self._connect_upstream())
+        self._spawn(self._connect_upstream(self.server.connection_delay()))
 
-    async def _connect_upstream(self) -> None:
+    async def _connect_upstream(self, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         errors = []
         await self.server.upstream.settle()
         self._gate = self.server.upstream.gate()

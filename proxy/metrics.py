@@ -41,6 +41,13 @@ class ProxyMetrics:
         self.connections_rejected = Counter(
             "tierproxy_connections_rejected", "Client connections closed on accept, by the limit reached "
             "(max.connections, max.connections.per.ip).", ["limit"], registry=self.registry)
+        self.connections_throttled = Counter(
+            "tierproxy_connections_throttled", "New client connections that waited for their turn under "
+            "max.connection.creation.rate before anything was read from them.", registry=self.registry)
+        self.connection_throttle_seconds = Counter(
+            "tierproxy_connection_throttle_seconds", "Seconds new client connections waited under "
+            "max.connection.creation.rate, all together (Kafka's connection-accept-throttle-time).",
+            registry=self.registry)
         self.requests_forwarded = Counter(
             "tierproxy_requests_forwarded", "Client requests forwarded to a broker unchanged, by API.",
             ["api"], registry=self.registry)

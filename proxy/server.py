@@ -27,6 +27,7 @@ from tierproxy.config import (
     BOOTSTRAP_SERVERS,
     BROKER_CONNECTION_SETUP_TIMEOUT_MS,
     CONNECTIONS_MAX_IDLE_MS,
+    MAX_CONNECTION_CREATION_RATE,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
     PROXY_BOOTSTRAP_PORT,
@@ -41,6 +42,7 @@ from tierproxy.protocol.requests import metadata_request
 
 from .authentication import UpstreamListener
 from .client_connection import ClientConnection
+from .connection_rate import ConnectionRate
 from .filters import FilterChains, ProxyServices
 from .metrics import ProxyMetrics
 from .paced import copied_for_stalled, stalled_chunk_bytes
@@ -88,6 +90,7 @@ class ProxyServer:
         self._per_ip: dict[str, int] = {}
         self._max_connections: int = config[MAX_CONNECTIONS]
         self._max_connections_per_ip: int = config[MAX_CONNECTIONS_PER_IP]
+        self._creation_rate = ConnectionRate(config[MAX_CONNECTION_CREATION_RATE])
         self._idle_s = config[CONNECTIONS_MAX_IDLE_MS] / 1000
         self._receive_s = config[REQUEST_RECEIVE_TIMEOUT_MS] / 1000
         self._reaper: asyncio.Task[None] | None = None
@@ -216,6 +219,15 @@ class ProxyServer:
         self._per_ip[connection.ip] = per_ip + 1
         self._connections.add(connection)
         return None
+
+    def connection_delay(self) -> float:
+        """Seconds a connection admitted now waits, unread, for its turn under
+        max.connection.creation.rate (0: none)."""
+        delay = self._creation_rate.delay()
+        if delay:
+            self.services.metrics.connections_throttled.inc()
+            self.services.metrics.connection_throttle_seconds.inc(delay)
+        return delay
 
     def connection_closed(self, connection: ClientConnection) -> None:
         if connection in self._connections:

@@ -66,6 +66,7 @@ _DIVIDED = (
     "remote.log.reader.max.pending.tasks",
     "max.connections",
     "max.connections.per.ip",
+    "max.connection.creation.rate",
 )
 
 

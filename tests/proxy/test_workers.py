@@ -41,7 +41,8 @@ pytestmark = pytest.mark.timeout(300)
 def test_shares_divide_every_bound_and_keep_the_totals():
     config = load(None, ["bootstrap.servers=b:9092", "remote.log.chunk.cache.size.bytes=1000",
                          "remote.log.index.file.cache.total.size.bytes=999", "remote.log.reader.threads=10",
-                         "remote.log.reader.max.pending.tasks=3", "max.connections=0", "max.connections.per.ip=7"])
+                         "remote.log.reader.max.pending.tasks=3", "max.connections=0", "max.connections.per.ip=7",
+                         "max.connection.creation.rate=10"])
     share = shares(config, 4)
     assert share == {
         "remote.log.index.file.cache.total.size.bytes": "249",
@@ -50,6 +51,7 @@ def test_shares_divide_every_bound_and_keep_the_totals():
         "remote.log.reader.max.pending.tasks": "1",  # a bound above 0 keeps at least 1 per worker
         "max.connections": "0",  # refusing every connection stays refusing
         "max.connections.per.ip": "1",
+        "max.connection.creation.rate": "2",
     }
     for name in ("remote.log.index.file.cache.total.size.bytes", "remote.log.chunk.cache.size.bytes",
                  "remote.log.reader.threads"):
