@@ -247,7 +247,6 @@ class ClientConnection(asyncio.Protocol):
         # Requests read but not dispatched yet: behind a request being handled, or
         # waiting for the client to read its responses.
         self._waiting: collections.deque[memoryview] = collections.deque()
-        self._fetches_waiting = 0  # of those, Fetch requests (`pipelining`)
         self._handling = False  # a filter chain has the connection muted
         self._client_behind = False  # more unsent responses than the bound
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -332,9 +331,6 @@ class ClientConnection(asyncio.Protocol):
             self._frame_started = now
         if frames:
             self._waiting.extend(frames)
-            for body in frames:
-                if _is_fetch(body):
-                    self._fetches_waiting += 1
             self._dispatch_waiting()
 
     def eof_received(self) -> bool:
@@ -366,8 +362,10 @@ class ClientConnection(asyncio.Protocol):
     @property
     def pipelining(self) -> bool:
         """The client sent a Fetch that waits behind the request in hand: Kafka's consumers
-        keep one Fetch in flight per broker, so this is a client that pipelines them."""
-        return self._fetches_waiting > 0
+        keep one Fetch in flight per broker, so this is a client that pipelines them. Asked
+        only when the reader queue is full, so the waiting requests are looked at then, not
+        counted as each one arrives."""
+        return any(_is_fetch(body) for body in self._waiting)
 
     def _client_fell_behind(self) -> None:
         # The client is not reading: neither its requests nor its broker's responses are.
@@ -423,10 +421,7 @@ class ClientConnection(asyncio.Protocol):
             if (self._handling or self._client_behind or self._upstream is None
                     or len(self._orderer) >= self._max_in_flight):
                 break
-            body = waiting.popleft()
-            if _is_fetch(body):
-                self._fetches_waiting -= 1
-            self._on_request(body)
+            self._on_request(waiting.popleft())
         if self._closed:
             return
         if waiting:
@@ -683,7 +678,6 @@ class ClientConnection(asyncio.Protocol):
         # collector ran.
         self._decoder.discard()
         self._waiting.clear()
-        self._fetches_waiting = 0
         self._early = None
         self.ctx = None
         self._orderer.clear()
