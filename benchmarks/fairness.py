@@ -418,10 +418,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
                 broker_cpu = tree_cpu_seconds(args.broker_pid)
                 # The metrics are scraped in every phase alike: a scrape costs the proxy CPU.
-                phase_on = threading.Event()
-                phase_on.set()
+                phase_over = threading.Event()
                 peak: list[float] = [0.0]
-                watcher = threading.Thread(target=_held_watch, args=(metrics_port, phase_on, peak))
+                watcher = threading.Thread(target=_held_watch, args=(metrics_port, phase_over, peak))
                 watcher.start()
                 # The first alone and the first hostile phase, with --profile.
                 raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase < 2 else None
@@ -433,7 +432,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     else:
                         hostile_cpu, done = 0.0, {}
                         time.sleep(args.phase)
-                phase_on.clear()
+                phase_over.set()
                 watcher.join()
                 cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu,
                        tree_cpu_seconds(args.broker_pid) - broker_cpu)
@@ -471,16 +470,14 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
             "proxy_per_record": proxy_per_record}
 
 
-def _held_watch(metrics_port: int, on: threading.Event, peak: list[float]) -> None:
-    """The peak of the chunk bytes stalled connections hold, sampled every `HELD_EVERY_S` while
-    `on` is set (as often in every phase: a scrape costs the proxy CPU, 10-130 ms with two
-    workers, and it falls on each phase alike)."""
-    while on.is_set():
+def _held_watch(metrics_port: int, phase_over: threading.Event, peak: list[float]) -> None:
+    """The peak of the chunk bytes stalled connections hold, sampled every `HELD_EVERY_S` until
+    `phase_over` is set (as often in every phase: a scrape costs the proxy CPU, 10-130 ms with
+    two workers, and it falls on each phase alike)."""
+    while not phase_over.is_set():
         with contextlib.suppress(OSError):
             peak[0] = max(peak[0], proxy_counters(metrics_port, {"tierproxy_stalled_chunk_bytes": "held"})["held"])
-        on.wait(HELD_EVERY_S)
-        if not on.is_set():
-            break
+        phase_over.wait(HELD_EVERY_S)
 
 
 def main() -> int:
