@@ -73,6 +73,8 @@ T = TypeVar("T")
 # While reads run or wait, the busy and queue seconds are brought up to date this often,
 # so that a scrape in the middle of a long read sees its time so far.
 ACCOUNT_INTERVAL_S = 1.0
+# Owners' finish tags kept before the first pruning.
+_FORGET_ABOVE = 256
 
 
 class ReadOwner(Protocol):
@@ -173,6 +175,9 @@ class RemoteLogReaderPool:
         # after its reads so far (its last read's tag plus its cost).
         self._virtual_time = 0.0
         self._finish: dict[ReadOwner | None, float] = {}
+        # `_finish` is pruned when it outgrows this: twice what the last pruning kept, so
+        # that each owner seen costs O(1), however many connections come and go.
+        self._forget_above = _FORGET_ABOVE
         self._waiting = 0
         # The running reads' tasks, by the future their caller waits on.
         self._tasks: dict[asyncio.Future[ReadOutcome], asyncio.Task[None]] = {}
@@ -231,9 +236,18 @@ class RemoteLogReaderPool:
         """The start tag of `owner`'s next read of `cost`, its bytes counted."""
         tag = max(self._virtual_time, self._finish.get(owner, 0.0))
         self._finish[owner] = tag + max(cost, 1)
-        if len(self._finish) > 2 * len(self._pending) + self.threads + 64:  # forget owners long served
-            self._finish = {o: f for o, f in self._finish.items() if f > self._virtual_time or o in self._pending}
+        if len(self._finish) > self._forget_above:
+            self._forget_served()
         return tag
+
+    def _forget_served(self) -> None:
+        """Forget the owners served up to the virtual time with nothing waiting (a new read
+        of theirs would start from the virtual time anyway). Those served beyond it stay: an
+        owner between two Fetches keeps its place in the turns. They can be many (a closed
+        connection's stay until the virtual time passes them, and clients may reset
+        connections in a loop), hence the next pruning only at twice as many."""
+        self._finish = {o: f for o, f in self._finish.items() if f > self._virtual_time or o in self._pending}
+        self._forget_above = max(_FORGET_ABOVE, 2 * len(self._finish))
 
     def _push_out(self, owner: ReadOwner | None) -> bool:
         """The queue is full: refuse the newest read of the owner ranked last, of those the

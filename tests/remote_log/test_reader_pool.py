@@ -476,3 +476,28 @@ async def test_engine_list_offsets_lookups_run_on_the_pool_within_its_bounds(tmp
         assert await engine.max_timestamp(tp) == ReadOutcome(expired=True)
         unknown = await engine.latest_tiered_offset(new_tp())
         assert unknown.value is None and unknown.error is None
+
+
+async def test_owners_that_come_and_go_cost_the_queue_o1_each() -> None:
+    """Connections that submit a large read and go away (a client resetting in a loop) leave
+    finish tags beyond the virtual time: the pool prunes its owners (a new table each time)
+    only when their count doubled, not on every read once there are many (that made each
+    read cost as much as all the connections of the last second)."""
+    pool = RemoteLogReaderPool(threads=1, max_pending_tasks=10)
+    gate = Gate()
+    busy = pool.submit(gate.read)
+    prunings, table = 0, pool._finish
+    for i in range(5000):
+        submit_for(pool, Owner(f"reset{i}"), gate.read, cost=4 << 20).cancel()
+        await asyncio.sleep(0)  # the cancelled read leaves the queue
+        if pool._finish is not table:
+            prunings, table = prunings + 1, pool._finish
+    assert pool.queue_size == 0
+    assert 1 <= prunings <= 8  # at 256, 512, ... 4096 owners
+    kept = Owner("kept")
+    submit_for(pool, kept, gate.read, cost=1 << 20).cancel()  # served beyond the virtual time: kept
+    await asyncio.sleep(0)
+    assert kept in pool._finish
+    gate.release.set()
+    assert (await busy).value == "data"
+    await pool.close()
