@@ -343,7 +343,9 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._writer is not None:
             self._writer.connection_lost()
-        self.close(f"client connection lost ({exc})" if exc else None, level=logging.INFO)
+        # A client that resets is an everyday event (and one a hostile client repeats
+        # hundreds of times a second): DEBUG, as Kafka's Selector logs a disconnection.
+        self.close(f"client connection lost ({exc})" if exc else None, level=logging.DEBUG)
 
     def pause_writing(self) -> None:
         if self._writer is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -153,3 +155,37 @@ def test_unreachable_broker_closes_the_client_with_a_log_line(run, caplog):
     assert any("cannot connect to the broker" in r.getMessage() and dead in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert metrics.value("tierproxy_connections_closed_total", {"reason": "broker_unreachable"}) == 1
+
+
+@RUNNERS
+def test_a_client_reset_is_logged_at_debug_and_counted_closed(run, bootstrap_servers, caplog):
+    """A client that resets its connection (as a client killed or resetting in a loop
+    does) is logged at DEBUG, as Kafka's broker logs a disconnection, not one INFO line per
+    reset; it is counted closed, not an error."""
+    peers: list[str] = []
+
+    async def body(server: ProxyServer) -> None:
+        await _metadata_ok(server.bootstrap_servers)  # the broker connection is there
+        host, port = parse_host_port(server.bootstrap_servers)
+        reader, writer = await asyncio.open_connection(host, port)
+        local = writer.get_extra_info("sockname")
+        peers.append(f"{local[0]}:{local[1]}")
+        writer.writelines(encode_frame(encode_request_header(ApiKey.METADATA, 12, 1, "resetting", 2),
+                                       b"\x01\x00\x00\x00"))
+        await reader.readexactly(4)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST
+        for _ in range(200):
+            if any(peers[0] in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.01)
+        await _metadata_ok(server.bootstrap_servers)
+
+    with caplog.at_level(logging.DEBUG, logger="tierproxy.proxy"):
+        metrics = _with_proxy(run, bootstrap_servers, body)
+    lines = [r for r in caplog.records if peers[0] in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.DEBUG], [(r.levelname, r.getMessage()) for r in lines]
+    assert "client connection lost" in lines[0].getMessage()
+    assert metrics.value("tierproxy_connections_closed_total", {"reason": "closed"}) >= 1
+    assert metrics.value("tierproxy_connections_closed_total", {"reason": "error"}) == 0
