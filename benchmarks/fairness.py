@@ -17,7 +17,9 @@ partition's offsets come in order, none lost, none twice) read through it in pha
 The phases interleave (alone, hostile, alone, ..., alone), so the machine's noise falls
 on both; each hostile phase is also set against the two alone phases around it.
 
-The hostile clients run in a process of their own, at `--hostile-nice` (default 0: the
+The hostile clients run in a process of their own, started and past its imports before
+the phase's clock starts (a Python start costs it about 0.4 CPU seconds, which is no attack
+on the proxy), at `--hostile-nice` (default 0: the
 same priority as everything else), and send Fetch frames encoded once at the start (as a
 flooding tool would: encoding each costs 0.4 ms of Python, which here was taken from the
 honest consumers' cores, not by the proxy). `--hostile-warmup` seconds of them run before
@@ -32,7 +34,9 @@ core busy, nice 19 leaves the hostile clients almost no CPU at all (they barely 
 quota, as root), so that they attack at a bounded cost. Every phase prints the CPU
 seconds of the hostile clients' process, the proxy (all its processes), the broker and
 this process (the honest consumers); the proxy's metrics are scraped every 3 s in every
-phase alike.
+phase alike. Every phase also prints the honest records of each of its seconds: whether
+the hostile clients cost them all along or in a burst (their logins and first Fetches come
+together at a phase's start).
 
 It prints, per worker setting, the honest records/s alone and beside the hostile
 clients, their ratio, the remote reads that ran out of `remote.fetch.max.wait.ms`, the
@@ -73,7 +77,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -247,31 +253,58 @@ async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, 
 
 def hostile_process(host: str, port: int, topic: str, per_partition: int, seconds: float,
                     args: argparse.Namespace, seed: int,
-                    report: "multiprocessing.Queue[tuple[float, dict[str, int]]]") -> None:
+                    report: "multiprocessing.Queue[tuple[float, dict[str, int]] | None]", go: Any) -> None:
     """The hostile clients for `seconds`, in a process of their own at `args.hostile_nice`
-    (and in the cgroup of `args.hostile_cgroup`, if any); puts the CPU seconds they used and
-    what they did on `report`."""
+    (and in the cgroup of `args.hostile_cgroup`, if any), once `go` is set; puts None on
+    `report` when ready (imports done), then the CPU seconds its clients used and what they did."""
     os.nice(args.hostile_nice)
     if args.hostile_cgroup:
         (Path(args.hostile_cgroup) / "cgroup.procs").write_text(str(os.getpid()))
+    import tierproxy.protocol.codecs  # noqa: F401  what fetch_frame imports, before the phase
+    import tierproxy.protocol.requests  # noqa: F401
+    import testbed.raw  # noqa: F401
+    report.put(None)
+    go.wait()
+    started = own_cpu_seconds()
     done = asyncio.run(hostile(Proxy(host, port), topic, per_partition, seconds, args, random.Random(seed)))
-    report.put((own_cpu_seconds(), dict(done)))
+    report.put((own_cpu_seconds() - started, dict(done)))
+
+
+@contextlib.contextmanager
+def hostile_ready(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
+                  seed: int) -> Iterator[Callable[[], tuple[float, dict[str, int]]]]:
+    """A child process for one hostile phase, started and past its imports (a Python start
+    costs it about 0.4 CPU seconds, which is not an attack on the proxy); yields the call
+    that runs the phase and returns the CPU seconds its clients used and what they did."""
+    context = multiprocessing.get_context("spawn")  # not fork: this process runs the consumers' threads
+    report: multiprocessing.Queue[tuple[float, dict[str, int]] | None] = context.Queue()
+    go = context.Event()
+    child = context.Process(target=hostile_process,
+                            args=(proxy.host, proxy.port, topic, per_partition, seconds, args, seed, report, go))
+    child.start()
+
+    def run() -> tuple[float, dict[str, int]]:
+        go.set()
+        result = report.get(timeout=seconds + 120)
+        assert result is not None
+        return result
+
+    try:
+        if report.get(timeout=120) is not None:
+            raise RuntimeError("the hostile process reported before it was ready")
+        yield run
+    finally:
+        go.set()
+        child.join(seconds + 30)
+        if child.is_alive():
+            child.kill()
 
 
 def run_hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
                 seed: int) -> tuple[float, dict[str, int]]:
     """One hostile phase in a child process; the CPU seconds its clients used, and what they did."""
-    context = multiprocessing.get_context("spawn")  # not fork: this process runs the consumers' threads
-    report: multiprocessing.Queue[tuple[float, dict[str, int]]] = context.Queue()
-    child = context.Process(target=hostile_process,
-                            args=(proxy.host, proxy.port, topic, per_partition, seconds, args, seed, report))
-    child.start()
-    try:
-        return report.get(timeout=seconds + 120)
-    finally:
-        child.join(30)
-        if child.is_alive():
-            child.kill()
+    with hostile_ready(proxy, topic, per_partition, seconds, args, seed) as run:
+        return run()
 
 
 @contextlib.contextmanager
@@ -412,6 +445,10 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         try:
             for phase in range(2 * args.rounds + 1):  # alone first and last: every hostile phase between two
                 with_hostile = phase % 2 == 1
+                child = contextlib.ExitStack()
+                if with_hostile:  # started and past its imports before the phase's clock starts
+                    run = child.enter_context(hostile_ready(proxy, topic, max(per_partition.values()), args.phase,
+                                                            args, rng.randrange(1 << 30)))
                 with state.lock:
                     records, started = state.records, time.monotonic()
                     state.last_record = [started] * args.honest
@@ -422,23 +459,27 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 peak: list[float] = [0.0]
                 watcher = threading.Thread(target=_held_watch, args=(metrics_port, phase_over, peak))
                 watcher.start()
+                timeline: list[int] = []
+                ticker = threading.Thread(target=_timeline, args=(state, phase_over, timeline))
+                ticker.start()
                 # The first alone and the first hostile phase, with --profile.
                 raw = tmp / f"proxy-{workers}-{phase}.raw" if args.profile and phase < 2 else None
                 with profiling.record(proxy_info["pid"], raw) if raw else contextlib.nullcontext():
                     if with_hostile:
                         hostile_on.set()
-                        hostile_cpu, done = run_hostile(proxy, topic, max(per_partition.values()), args.phase,
-                                                        args, rng.randrange(1 << 30))
+                        hostile_cpu, done = run()
                     else:
                         hostile_cpu, done = 0.0, {}
                         time.sleep(args.phase)
                 phase_over.set()
                 watcher.join()
+                ticker.join()
                 cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu,
                        tree_cpu_seconds(args.broker_pid) - broker_cpu)
                 with state.lock:
                     phase_records = state.records - records
                     rate = phase_records / (time.monotonic() - started)
+                child.close()
                 (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
                 (beside if with_hostile else alone).append(rate)
                 # The proxy's CPU per honest record: what hostile clients add to it is the
@@ -455,7 +496,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                             f"broker {cpu[3]:.1f})") if with_hostile else (
                     f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f})")
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
-                      f"{rate:,.0f} records/s{cpu_note}", flush=True)
+                      f"{rate:,.0f} records/s{cpu_note}; thousands of records per second: "
+                      f"{' '.join(str(round(n / 1000)) for n in timeline)}", flush=True)
         finally:
             stop.set()
             for thread in threads:
@@ -468,6 +510,18 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
             "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0],
             "cpu": hostile_cpu_seconds, "alone_cpu": alone_cpu_seconds, "read_errors": read_errors,
             "proxy_per_record": proxy_per_record}
+
+
+def _timeline(state: Honest, phase_over: threading.Event, per_second: list[int]) -> None:
+    """The honest records of each second of the phase, in `per_second`: whether a
+    hostile phase costs them all along or in a burst."""
+    with state.lock:
+        last = state.records
+    while not phase_over.wait(1.0):
+        with state.lock:
+            now = state.records
+        per_second.append(now - last)
+        last = now
 
 
 def _held_watch(metrics_port: int, phase_over: threading.Event, peak: list[float]) -> None:
