@@ -18,7 +18,7 @@ The phases interleave (alone, hostile, alone, ..., alone), so the machine's nois
 on both; each hostile phase is also set against the two alone phases around it.
 
 The hostile clients run in a process of their own, started and past its imports before
-the phase's clock starts (a Python start costs it about 0.4 CPU seconds, which is no attack
+the phase's clock starts (a Python start costs it about 0.6 CPU seconds, which is no attack
 on the proxy), at `--hostile-nice` (default 0: the
 same priority as everything else), and send Fetch frames encoded once at the start (as a
 flooding tool would: encoding each costs 0.4 ms of Python, which here was taken from the
@@ -274,7 +274,7 @@ def hostile_process(host: str, port: int, topic: str, per_partition: int, second
 def hostile_ready(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
                   seed: int) -> Iterator[Callable[[], tuple[float, dict[str, int]]]]:
     """A child process for one hostile phase, started and past its imports (a Python start
-    costs it about 0.4 CPU seconds, which is not an attack on the proxy); yields the call
+    costs it about 0.6 CPU seconds, which is not an attack on the proxy); yields the call
     that runs the phase and returns the CPU seconds its clients used and what they did."""
     context = multiprocessing.get_context("spawn")  # not fork: this process runs the consumers' threads
     report: multiprocessing.Queue[tuple[float, dict[str, int]] | None] = context.Queue()
