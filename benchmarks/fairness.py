@@ -17,17 +17,17 @@ partition's offsets come in order, none lost, none twice) read through it in pha
 The phases interleave (alone, hostile, alone, ..., alone), so the machine's noise falls
 on both; each hostile phase is also set against the two alone phases around it.
 
-The hostile clients run in a process of their own, started and past its imports before
-the phase's clock starts (a Python start costs it about 0.6 CPU seconds, which is no attack
-on the proxy), at `--hostile-nice` (default 0: the
-same priority as everything else), and send Fetch frames encoded once at the start (as a
-flooding tool would: encoding each costs 0.4 ms of Python, which here was taken from the
-honest consumers' cores, not by the proxy). `--hostile-warmup` seconds of them run before
+The hostile clients run in a process of their own, at `--hostile-nice` (default 0: the
+same priority as everything else), and send Fetch frames encoded once (as a flooding tool
+would: encoding each costs 0.4 ms of Python, which here was taken from the honest
+consumers' cores, not by the proxy). The process is started, past its imports and with
+its frames encoded before the phase's clock starts (a Python start costs it about 0.6 CPU
+seconds, which is no attack on the proxy). `--hostile-warmup` seconds of them run before
 the first phase, unmeasured: the broker's JIT compiles its login and connection paths in
-the first hostile seconds, which otherwise fell on the first hostile phase. Here they share the machine's cores with the proxy, the
-broker and the honest consumers, which in production they would not: their own CPU (Python,
-a login per resetter connection) is taken from the honest consumers, and that is not the
-proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
+the first hostile seconds, which otherwise fell on the first hostile phase. Here they
+share the machine's cores with the proxy, the broker and the honest consumers, which in
+production they would not: their own CPU (Python, a login per resetter connection) is taken
+from the honest consumers, and that is not the proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
 the ratio measures the proxy's fairness; quote which one a figure is. On a machine with every
 core busy, nice 19 leaves the hostile clients almost no CPU at all (they barely attack);
 `--hostile-cpu CORES` instead caps their process at that many cores (a cgroup v1 `cpu`
@@ -53,8 +53,8 @@ first alone and the first hostile phase and prints the top functions of each.
 
 `--connection-rate` sets the proxy's `max.connection.creation.rate` (KIP-612): the
 resetters' loop of a login, a Fetch and a reset is what costs the honest consumers most
-(without resetters, 2 workers kept 0.90 of their throughput, with them 0.76), and that
-cost is per connection, not per byte (their Fetches cut to 1 MiB changed nothing).
+(2 workers kept 0.92 of their throughput without resetters, 0.71-0.74 with them; RESULTS.md),
+and that cost is per connection, not per byte (their Fetches cut to 1 MiB changed nothing).
 
 Everything it starts is stopped at the end.
 """
@@ -231,13 +231,12 @@ async def resetter(proxy: Proxy, frames: FetchFrames, stop: asyncio.Event, done:
             done["resets"] += 1
 
 
-async def hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
-                  rng: random.Random) -> collections.Counter[str]:
+async def hostile(proxy: Proxy, frames: FetchFrames, seconds: float,
+                  args: argparse.Namespace) -> collections.Counter[str]:
     """The hostile clients for `seconds`; what they did (the load they made)."""
     done: collections.Counter[str] = collections.Counter()
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(seconds, stop.set)
-    frames = FetchFrames(topic, per_partition, rng)
     ports: list[int] = []
     clients = [pipeliner(proxy, frames, stop, done, ports) for _ in range(args.pipeliners)]
     clients += [slow_reader(proxy, frames, stop, args.slow_kbps * 1000, done) for _ in range(args.slow)]
@@ -256,25 +255,25 @@ def hostile_process(host: str, port: int, topic: str, per_partition: int, second
                     report: "multiprocessing.Queue[tuple[float, dict[str, int]] | None]", go: Any) -> None:
     """The hostile clients for `seconds`, in a process of their own at `args.hostile_nice`
     (and in the cgroup of `args.hostile_cgroup`, if any), once `go` is set; puts None on
-    `report` when ready (imports done), then the CPU seconds its clients used and what they did."""
+    `report` when ready (imports done, frames encoded), then the CPU seconds its clients
+    used and what they did."""
     os.nice(args.hostile_nice)
     if args.hostile_cgroup:
         (Path(args.hostile_cgroup) / "cgroup.procs").write_text(str(os.getpid()))
-    import tierproxy.protocol.codecs  # noqa: F401  what fetch_frame imports, before the phase
-    import tierproxy.protocol.requests  # noqa: F401
-    import testbed.raw  # noqa: F401
+    frames = FetchFrames(topic, per_partition, random.Random(seed))
     report.put(None)
     go.wait()
     started = own_cpu_seconds()
-    done = asyncio.run(hostile(Proxy(host, port), topic, per_partition, seconds, args, random.Random(seed)))
+    done = asyncio.run(hostile(Proxy(host, port), frames, seconds, args))
     report.put((own_cpu_seconds() - started, dict(done)))
 
 
 @contextlib.contextmanager
 def hostile_ready(proxy: Proxy, topic: str, per_partition: int, seconds: float, args: argparse.Namespace,
                   seed: int) -> Iterator[Callable[[], tuple[float, dict[str, int]]]]:
-    """A child process for one hostile phase, started and past its imports (a Python start
-    costs it about 0.6 CPU seconds, which is not an attack on the proxy); yields the call
+    """A child process for one hostile phase, started, past its imports and with its Fetch
+    frames encoded (a Python start costs it about 0.6 CPU seconds, which is not an attack on
+    the proxy); yields the call
     that runs the phase and returns the CPU seconds its clients used and what they did."""
     context = multiprocessing.get_context("spawn")  # not fork: this process runs the consumers' threads
     report: multiprocessing.Queue[tuple[float, dict[str, int]] | None] = context.Queue()
@@ -445,9 +444,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         try:
             for phase in range(2 * args.rounds + 1):  # alone first and last: every hostile phase between two
                 with_hostile = phase % 2 == 1
-                child = contextlib.ExitStack()
-                if with_hostile:  # started and past its imports before the phase's clock starts
-                    run = child.enter_context(hostile_ready(proxy, topic, max(per_partition.values()), args.phase,
+                hostile_child = contextlib.ExitStack()
+                if with_hostile:  # started and ready before the phase's clock starts
+                    run = hostile_child.enter_context(hostile_ready(proxy, topic, max(per_partition.values()), args.phase,
                                                             args, rng.randrange(1 << 30)))
                 with state.lock:
                     records, started = state.records, time.monotonic()
@@ -479,7 +478,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 with state.lock:
                     phase_records = state.records - records
                     rate = phase_records / (time.monotonic() - started)
-                child.close()
+                hostile_child.close()
                 (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
                 (beside if with_hostile else alone).append(rate)
                 # The proxy's CPU per honest record: what hostile clients add to it is the

@@ -135,9 +135,9 @@ def _stalled(owner: ReadOwner | None) -> bool:
 
 def _rank(owner: ReadOwner | None) -> int:
     """Whose reads a full queue refuses first: 2 (stalled), then 1 (pipelining), then 0."""
-    if owner is None:
-        return 0
-    return 2 if owner.stalled else 1 if owner.pipelining else 0
+    if _stalled(owner):
+        return 2
+    return 1 if owner is not None and owner.pipelining else 0
 
 
 @dataclass(eq=False, slots=True)
