@@ -568,6 +568,13 @@ SOCKET_REQUEST_MAX_BYTES = _define("socket.request.max.bytes", int, 104_857_600,
 MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION = _define("max.pending.response.bytes.per.connection", int, MIB,
         "Response bytes a client has not read yet above which the proxy stops reading its requests "
         "(and its broker's responses) until they drained.", "connection limits", validator=Range(1024))
+SOCKET_SEND_BUFFER_BYTES = _define("socket.send.buffer.bytes", int, -1,
+        "The SO_SNDBUF of client connections (Kafka's broker config; the kernel doubles it); -1, the "
+        "default here, leaves it to the kernel's autotuning, which grows it to net.ipv4.tcp_wmem's maximum "
+        "(4 MiB on most Linux) for a client that reads fast or not at all. A bound (Kafka's default is "
+        "102400) caps that kernel memory per client, counted by a container's memory limit, not the proxy's "
+        "RSS, at the cost of responses waiting in the chunk cache instead (see docs/operations.md, Memory).",
+        "connection limits", validator=Range(-1))
 MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION = _define("max.in.flight.requests.per.connection", int, 100,
         "Requests read from one client and not answered yet; at the limit the proxy stops reading "
         "that client until a response went out.", "connection limits", validator=Range(1))

@@ -87,7 +87,8 @@ from .ordering import ResponseOrderer, ResponseSlot
 from .paced import PacedWriter, Releasable
 from tierproxy.cache.chunk_buffers import ChunkLeases, response_leases
 from tierproxy.remote_log.reader_pool import read_owner
-from tierproxy.config import MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION
+from tierproxy.config import (MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION, MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION,
+                              SOCKET_SEND_BUFFER_BYTES)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -213,6 +214,18 @@ def _tune(transport: asyncio.Transport, high_water: int = WRITE_HIGH_WATER) -> N
     transport.set_write_buffer_limits(high=high_water, low=high_water // 4)
 
 
+def _send_buffer(transport: asyncio.Transport, size: int) -> None:
+    """SO_SNDBUF as Kafka's broker sets it, unless -1 (the kernel's autotuning: a buffer
+    of up to megabytes that takes a response out of the chunk cache's leases at once, but
+    keeps it in kernel memory for a client that does not read)."""
+    sock = transport.get_extra_info("socket")
+    if size != -1 and sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except OSError:  # not a socket option this transport's socket has
+            pass
+
+
 def _as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return [data]
@@ -235,6 +248,7 @@ class ClientConnection(asyncio.Protocol):
         self._metrics = services.metrics
         self._max_pending_response_bytes: int = config[MAX_PENDING_RESPONSE_BYTES_PER_CONNECTION]
         self._max_in_flight: int = config[MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION]
+        self._send_buffer_bytes: int = config[SOCKET_SEND_BUFFER_BYTES]
         # The gate of the listener as known now; the one the connection keeps is made once
         # the proxy asked (if it must) and the broker connection exists (_connect_upstream).
         self._gate = server.upstream.gate()
@@ -263,6 +277,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         client = self._client = cast(asyncio.Transport, transport)  # a stream connection's
         _tune(client)
+        _send_buffer(client, self._send_buffer_bytes)
         self._writer = PacedWriter(client, self._max_pending_response_bytes, self._client_fell_behind,
                                    self._client_caught_up)
         peer = transport.get_extra_info("peername")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 
 import pytest
@@ -20,7 +21,7 @@ from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.codecs import encode_request
 from tierproxy.protocol.requests import fetch_request
 
-from testbed.raw import frame
+from testbed.raw import frame, read_frames
 from tests.helpers.consume import consume_aiokafka, expected_keys, record_key
 from tests.helpers.fixtures import proxy_fixture, tiered_fixture
 from tests.helpers.proxy import ProxyThread
@@ -127,3 +128,49 @@ async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are
     # Its connection closed: every lease went back.
     await wait_until(lambda: _held(proxy)[0] == 0, 30, "its leases went back")
     await wait_until(lambda: _metric(proxy, "tierproxy_stalled_chunk_bytes") == 0, 10, "no stalled client holds chunks")
+
+
+def _unacked_bytes(local_port: int, remote_port: int) -> int:
+    """Bytes the kernel holds unacknowledged on the connection from `local_port` to
+    `remote_port` (tx_queue of /proc/net/tcp): what was handed to a socket and not yet taken
+    into the peer's receive buffer."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, remote, queues = fields[1], fields[2], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == local_port and int(remote.rsplit(":", 1)[1], 16) == remote_port:
+                    return int(queues.split(":")[0], 16)
+    raise AssertionError(f"no connection from port {local_port} to {remote_port}")
+
+
+# Kafka's own default; the proxy's is the kernel's autotuning (-1).
+SEND_BUFFER = 102_400
+
+
+@pytest.fixture(scope="module")
+def bounded_send_proxy(tiered):
+    with tiered.proxy(**{"socket.send.buffer.bytes": SEND_BUFFER}) as proxy:
+        yield proxy
+
+
+async def test_a_client_that_never_reads_holds_a_send_buffer_in_the_kernel_not_its_response(bounded_send_proxy, tiered):
+    # The kernel doubles SO_SNDBUF, and a pause may hand over one more piece. Left to
+    # autotuning it took the whole response: megabytes per client that never reads.
+    proxy = bounded_send_proxy
+    bound = 2 * SEND_BUFFER + 64 * 1024
+    fetch_bytes = 1 << 20  # a whole segment of remote records (512 KiB) comes back
+    host, port = proxy.bootstrap_servers.rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)))
+    try:
+        silent.sendall(frame(encode_request(fetch_request(tiered.topic, 0, 0, fetch_bytes), 7, "silent")))
+        client_port = silent.getsockname()[1]
+        await wait_until(lambda: _unacked_bytes(int(port), client_port) > 0, 30, "the proxy answers")
+        await asyncio.sleep(1.0)  # what the kernel takes, it takes at once
+        assert _unacked_bytes(int(port), client_port) <= bound
+        # Nothing was lost: the rest waited in the proxy, and the whole response comes once read.
+        (body,) = await asyncio.to_thread(read_frames, silent, 1, 30)
+        assert struct.unpack_from(">i", body)[0] == 7
+        assert len(body) > bound
+    finally:
+        silent.close()
