@@ -56,6 +56,11 @@ resetters' loop of a login, a Fetch and a reset is what costs the honest consume
 (2 workers kept 0.92 of their throughput without resetters, 0.71-0.74 with them; RESULTS.md),
 and that cost is per connection, not per byte (their Fetches cut to 1 MiB changed nothing).
 
+`--send-buffer` sets the proxy's `socket.send.buffer.bytes` (default -1, the kernel's autotuning;
+Kafka's broker default is 102400): a bounded buffer takes at most that much of a response to a
+client that resets or never reads, and leaves the rest leased in the chunk cache (RESULTS.md,
+2026-11-29).
+
 Everything it starts is stopped at the end.
 """
 
@@ -555,6 +560,9 @@ def main() -> int:
                         help="cap the hostile clients' process at this many cores (cgroup v1, as root)")
     parser.add_argument("--connection-rate", type=int, metavar="PER_SECOND",
                         help="max.connection.creation.rate of the proxy (default: Kafka's, no bound)")
+    parser.add_argument("--send-buffer", type=int, metavar="BYTES",
+                        help="socket.send.buffer.bytes of the proxy (default: the proxy's, Kafka's 102400; "
+                             "-1 for the kernel's autotuning)")
     parser.add_argument("--profile", action="store_true", help="py-spy the proxy in the first hostile phase")
     args = parser.parse_args()
 
@@ -580,6 +588,7 @@ def main() -> int:
             f"topic.{topic}.segment.bytes": str(8 * MIB), f"topic.{topic}.segment.ms": "1",
             **{key: str(value) for key, value in LIMITS.items()},
             **({"max.connection.creation.rate": str(args.connection_rate)} if args.connection_rate else {}),
+            **({"socket.send.buffer.bytes": str(args.send_buffer)} if args.send_buffer is not None else {}),
         }
         copied = asyncio.run(tier_everything(properties | {"proxy.bootstrap.port": "0",
                                                             "proxy.broker.port.base": "0", "metrics.port": "0"}))
@@ -595,6 +604,7 @@ def main() -> int:
           f"hostile: {args.pipeliners} pipelining non-readers, {args.slow} at {args.slow_kbps:g} KB/s, "
           f"{args.resetters} resetting (nice {args.hostile_nice}"
           f"{f', max.connection.creation.rate {args.connection_rate}' if args.connection_rate else ''}"
+          f"{f', socket.send.buffer.bytes {args.send_buffer}' if args.send_buffer is not None else ''}"
           f"{f', at most {args.hostile_cpu:g} cores' if args.hostile_cpu else ''}); {args.rounds} x ({args.phase:g} s alone, "
           f"{args.phase:g} s hostile)\n")
     print("| workers | honest records/s alone | beside hostile | ratio | per round | longest honest gap (hostile) "
