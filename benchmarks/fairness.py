@@ -93,6 +93,7 @@ from backfill import (  # noqa: E402
     _free_port, proxy_counters, proxy_process, tier_everything, tree_cpu_seconds, trim_to_end)
 from benchmark_data import produce  # noqa: E402
 import profiling  # noqa: E402
+from testbed.ports import ESTABLISHED, tcp_sockets  # noqa: E402
 
 MIB = 1 << 20
 # A pipeliner's Fetches: a burst this often (16/s per connection, 800/s for fifty).
@@ -178,16 +179,10 @@ async def pipeliner(proxy: Proxy, frames: FetchFrames, stop: asyncio.Event, done
 
 def unread_requests(proxy_port: int, client_ports: list[int]) -> int:
     """How many of these clients' connections have bytes the proxy has not read yet (the
-    receive queue of the proxy's side, from /proc/net/tcp)."""
+    receive queue of the proxy's side)."""
     ports = set(client_ports)
-    waiting = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
-        if state == "01" and int(local.split(":")[1], 16) == proxy_port \
-                and int(remote.split(":")[1], 16) in ports and int(queues.split(":")[1], 16) > 0:
-            waiting += 1
-    return waiting
+    return sum(1 for tcp in tcp_sockets() if tcp.state == ESTABLISHED and tcp.local_port == proxy_port
+               and tcp.remote_port in ports and tcp.rx_queue > 0)
 
 
 async def read_response(reader: asyncio.StreamReader, rate: float | None, most: int | None = None,
@@ -561,8 +556,8 @@ def main() -> int:
     parser.add_argument("--connection-rate", type=int, metavar="PER_SECOND",
                         help="max.connection.creation.rate of the proxy (default: Kafka's, no bound)")
     parser.add_argument("--send-buffer", type=int, metavar="BYTES",
-                        help="socket.send.buffer.bytes of the proxy (default: the proxy's, Kafka's 102400; "
-                             "-1 for the kernel's autotuning)")
+                        help="socket.send.buffer.bytes of the proxy (default: the proxy's, -1, the kernel's "
+                             "autotuning; Kafka's is 102400)")
     parser.add_argument("--profile", action="store_true", help="py-spy the proxy in the first hostile phase")
     args = parser.parse_args()
 

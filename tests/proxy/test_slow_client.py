@@ -17,10 +17,12 @@ import pytest
 
 from tierproxy.cache.chunk_cache import ChunkCache
 from tierproxy.proxy.filters.fetch import FetchFilter
+from tierproxy.proxy.paced import MIN_PIECE
 from tierproxy.protocol.apis import ApiKey
 from tierproxy.protocol.codecs import encode_request
 from tierproxy.protocol.requests import fetch_request
 
+from testbed.ports import tcp_sockets
 from testbed.raw import frame, read_frames
 from tests.helpers.consume import consume_aiokafka, expected_keys, record_key
 from tests.helpers.fixtures import proxy_fixture, tiered_fixture
@@ -132,15 +134,10 @@ async def test_a_client_that_stops_reading_holds_bounded_memory_while_others_are
 
 def _unacked_bytes(local_port: int, remote_port: int) -> int:
     """Bytes the kernel holds unacknowledged on the connection from `local_port` to
-    `remote_port` (tx_queue of /proc/net/tcp): what was handed to a socket and not yet taken
-    into the peer's receive buffer."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                local, remote, queues = fields[1], fields[2], fields[4]
-                if int(local.rsplit(":", 1)[1], 16) == local_port and int(remote.rsplit(":", 1)[1], 16) == remote_port:
-                    return int(queues.split(":")[0], 16)
+    `remote_port`: what was handed to a socket and not yet taken into the peer's receive buffer."""
+    for tcp in tcp_sockets():
+        if tcp.local_port == local_port and tcp.remote_port == remote_port:
+            return tcp.tx_queue
     raise AssertionError(f"no connection from port {local_port} to {remote_port}")
 
 
@@ -158,7 +155,7 @@ async def test_a_client_that_never_reads_holds_a_send_buffer_in_the_kernel_not_i
     # The kernel doubles SO_SNDBUF, and a pause may hand over one more piece. Left to
     # autotuning it took the whole response: megabytes per client that never reads.
     proxy = bounded_send_proxy
-    bound = 2 * SEND_BUFFER + 64 * 1024
+    bound = 2 * SEND_BUFFER + MIN_PIECE
     fetch_bytes = 1 << 20  # a whole segment of remote records (512 KiB) comes back
     host, port = proxy.bootstrap_servers.rsplit(":", 1)
     silent = socket.create_connection((host, int(port)))

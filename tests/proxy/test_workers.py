@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from tierproxy.config import load
 from tierproxy.proxy.workers import shares
 from tierproxy.storage.metadata.file_store import SNAPSHOT_FILE_NAME
-from testbed.ports import LOOPBACK, free_ports
+from testbed.ports import ESTABLISHED, LOOPBACK, free_ports, tcp_sockets
 from tests.helpers.consume import consume_confluent_assigned, expected_by_partition, in_partition_order
 from tests.helpers.fixtures import tiered_fixture
 from tests.helpers.proxy import free_port_block
@@ -93,14 +93,7 @@ def established_on(pid: int, port: int) -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].split(":")[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
-                count += 1
-    return count
+    return sum(1 for tcp in tcp_sockets() if tcp.local_port == port and tcp.state == ESTABLISHED and tcp.inode in inodes)
 
 
 SERVING = r"worker-\d tierproxy: tierproxy serving on"

@@ -14,6 +14,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 
 from testbed.iceberg_rest import IcebergRestCatalog
+from testbed.ports import LISTEN, tcp_sockets
 from testbed.processes import is_alive
 from testbed.s3 import S3Server
 
@@ -57,13 +58,8 @@ def test_s3_warehouse_round_trip(iceberg_rest_catalog_s3: IcebergRestCatalog, s3
 
 
 def test_listens_on_loopback_only(iceberg_rest_catalog: IcebergRestCatalog) -> None:
-    listening = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, port = local.rsplit(":", 1)
-            if state == "0A" and int(port, 16) == iceberg_rest_catalog.port:  # 0A: LISTEN
-                listening.append(address)
+    listening = [tcp.local_address for tcp in tcp_sockets()
+                 if tcp.state == LISTEN and tcp.local_port == iceberg_rest_catalog.port]
     # 127.0.0.1, as /proc writes it: 0100007F, or IPv4-mapped in tcp6.
     assert listening and all(a.endswith("0100007F") for a in listening), listening
 
