@@ -22,9 +22,12 @@ same priority as everything else), and send Fetch frames encoded once (as a floo
 would: encoding each costs 0.4 ms of Python, which here was taken from the honest
 consumers' cores, not by the proxy). The process is started, past its imports and with
 its frames encoded before the phase's clock starts (a Python start costs it about 0.6 CPU
-seconds, which is no attack on the proxy). `--hostile-warmup` seconds of them run before
-the first phase, unmeasured: the broker's JIT compiles its login and connection paths in
-the first hostile seconds, which otherwise fell on the first hostile phase. Here they
+seconds, which is no attack on the proxy). Before the first phase they run unmeasured, in
+slices of `--hostile-warmup` seconds, until the broker's JIT compilers use less than 2% of a
+core (at most `--hostile-warmup-max` seconds): the broker compiles its login, connection and
+error paths in its first hostile seconds, which otherwise fell on the first hostile phase
+(a broker in production has long compiled them). Every phase prints the CPU its JIT
+compilers used. Here they
 share the machine's cores with the proxy, the broker and the honest consumers, which in
 production they would not: their own CPU (Python, a login per resetter connection) is taken
 from the honest consumers, and that is not the proxy's unfairness. `--hostile-nice 19` gives the cores to everyone else first, so that
@@ -99,6 +102,8 @@ MIB = 1 << 20
 # A pipeliner's Fetches: a burst this often (16/s per connection, 800/s for fifty).
 PIPELINED_BURST = 8
 PIPELINED_EVERY_S = 0.5
+# The broker's JIT has settled once its compilers use less than this share of a core.
+JIT_SETTLED = 0.02
 # The stalled chunk bytes are sampled this often (Prometheus' own scrapes are 15-60 s apart).
 HELD_EVERY_S = 3.0
 LIMITS = {
@@ -306,6 +311,27 @@ def run_hostile(proxy: Proxy, topic: str, per_partition: int, seconds: float, ar
         return run()
 
 
+def hostile_warmup(proxy: Proxy, topic: str, per_partition: int, args: argparse.Namespace,
+                   rng: random.Random) -> None:
+    """Hostile clients, unmeasured, in slices of `args.hostile_warmup` seconds until the broker's
+    JIT compilers used less than JIT_SETTLED of a core in the last slice (at most
+    `args.hostile_warmup_max` seconds): a broker that has just started compiles its login,
+    connection and error paths in the first hostile seconds (1.7 CPU s of the first 12 s
+    hostile phase after 6 s of warm-up, 0.1 s of the third, on 2026-11-29), which in production,
+    where it has been running for days, it does not."""
+    spent = 0.0
+    while True:
+        jit = jit_cpu_seconds(args.broker_pid)
+        run_hostile(proxy, topic, per_partition, args.hostile_warmup, args, rng.randrange(1 << 30))
+        spent += args.hostile_warmup
+        jit = jit_cpu_seconds(args.broker_pid) - jit
+        settled = jit < JIT_SETTLED * args.hostile_warmup
+        print(f"  hostile warm-up: {spent:g} s; the broker's JIT compilers used {jit:.2f} CPU s in the last "
+              f"{args.hostile_warmup:g} s{'' if settled else ' (not settled)'}", flush=True)
+        if settled or spent + args.hostile_warmup > args.hostile_warmup_max:
+            return
+
+
 @contextlib.contextmanager
 def cpu_cap(cores: float | None):
     """A cgroup (v1 `cpu` controller) whose processes get at most `cores` cores together; its
@@ -342,6 +368,20 @@ def read_errors_by_reason(metrics_port: int) -> collections.Counter[str]:
                 reason = line.split('reason="', 1)[1].split('"', 1)[0]
                 errors[reason] += int(float(line.rsplit(" ", 1)[1]))
     return errors
+
+
+def jit_cpu_seconds(pid: int) -> float:
+    """CPU time so far of a JVM's JIT compiler threads (HotSpot names them "C1 CompilerThread<n>"
+    and "C2 CompilerThread<n>"; /proc shows the first 15 characters)."""
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()  # the thread's own, not the process's
+                ticks += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu_seconds() -> float:
@@ -425,8 +465,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         stop = threading.Event()
         hostile_on = threading.Event()
         worst = [0.0]
-        hostile_cpu_seconds: list[tuple[float, float, float]] = []
-        alone_cpu_seconds: list[tuple[float, float, float]] = []
+        hostile_cpu_seconds: list[tuple[float, ...]] = []
+        alone_cpu_seconds: list[tuple[float, ...]] = []
         proxy_per_record: list[tuple[bool, float]] = []
         threads = [threading.Thread(target=honest_consumer, args=(i, proxy_info["bootstrap"], topic, per_partition,
                                                                   state, stop)) for i in range(args.honest)]
@@ -436,7 +476,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         rng = random.Random(args.seed)
         time.sleep(args.warmup)
         if args.hostile_warmup:  # the broker's and the proxy's first logins and remote reads
-            run_hostile(proxy, topic, max(per_partition.values()), args.hostile_warmup, args, rng.randrange(1 << 30))
+            hostile_warmup(proxy, topic, max(per_partition.values()), args, rng)
             time.sleep(args.warmup)
         before = proxy_counters(metrics_port, COUNTERS)
         errors_before = read_errors_by_reason(metrics_port)
@@ -452,7 +492,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     records, started = state.records, time.monotonic()
                     state.last_record = [started] * args.honest
                 proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
-                broker_cpu = tree_cpu_seconds(args.broker_pid)
+                broker_cpu, jit_cpu = tree_cpu_seconds(args.broker_pid), jit_cpu_seconds(args.broker_pid)
                 # The metrics are scraped in every phase alike: a scrape costs the proxy CPU.
                 phase_over = threading.Event()
                 peak: list[float] = [0.0]
@@ -474,7 +514,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 watcher.join()
                 ticker.join()
                 cpu = (hostile_cpu, tree_cpu_seconds(proxy_info["pid"]) - proxy_cpu, own_cpu_seconds() - own_cpu,
-                       tree_cpu_seconds(args.broker_pid) - broker_cpu)
+                       tree_cpu_seconds(args.broker_pid) - broker_cpu, jit_cpu_seconds(args.broker_pid) - jit_cpu)
                 with state.lock:
                     phase_records = state.records - records
                     rate = phase_records / (time.monotonic() - started)
@@ -492,8 +532,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     held_peak = max(held_peak, peak[0])
                 cpu_note = (f" ({', '.join(f'{n:,} {what}' for what, n in sorted(done.items()))}; CPU s: "
                             f"hostile clients {cpu[0]:.1f}, proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, "
-                            f"broker {cpu[3]:.1f})") if with_hostile else (
-                    f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f})")
+                            f"broker {cpu[3]:.1f}, of it its JIT compilers {cpu[4]:.1f})") if with_hostile else (
+                    f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f}, "
+                    f"of it its JIT compilers {cpu[4]:.1f})")
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
                       f"{rate:,.0f} records/s{cpu_note}; thousands of records per second: "
                       f"{' '.join(str(round(n / 1000)) for n in timeline)}", flush=True)
@@ -546,8 +587,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="(alone, hostile) pairs per setting")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--hostile-warmup", type=float, default=6,
-                        help="seconds of hostile clients before the first phase, not measured (the broker's JIT "
-                             "compiles its login and connection paths in the first hostile seconds)")
+                        help="seconds of hostile clients before the first phase, not measured, repeated until the "
+                             "broker's JIT compilers settle (it compiles its login and connection paths in the first "
+                             "hostile seconds); 0: none")
+    parser.add_argument("--hostile-warmup-max", type=float, default=60,
+                        help="at most this many seconds of hostile warm-up (default 60)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--hostile-nice", type=int, default=0,
                         help="niceness of the hostile clients' process (19: the proxy's fairness alone)")
@@ -618,11 +662,12 @@ def main() -> int:
               f"| {per_round} | {r['gap']:.1f} s "
               f"| {r['reads']:,.0f} ({r['expired']:,.0f}) | {len(r['errors'])} | {r['held_peak'] / MIB:.1f} MiB "
               f"| {r['copied'] / MIB:.1f} MiB |")
-        cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(4)]
-        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(4)]
+        cpu = [sum(c[i] for c in r["cpu"]) / (len(r["cpu"]) * args.phase) for i in range(5)]
+        alone_cpu = [sum(c[i] for c in r["alone_cpu"]) / (len(r["alone_cpu"]) * args.phase) for i in range(5)]
         per_record = {h: statistics.median(x for w, x in r["proxy_per_record"] if w == h) * 1e6 for h in (False, True)}
         print(f"  {workers} worker(s), CPU cores used in the hostile phases: hostile clients {cpu[0]:.2f}, "
-              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}, broker {cpu[3]:.2f}; alone: proxy "
+              f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}, broker {cpu[3]:.2f} (of it its JIT compilers "
+              f"{cpu[4]:.2f}); alone: proxy "
               f"{alone_cpu[1]:.2f}, honest consumers {alone_cpu[2]:.2f}, broker {alone_cpu[3]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
               f"beside hostile {per_record[True]:.1f}")
         if r["read_errors"]:
