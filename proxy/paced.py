@@ -5,20 +5,26 @@ chunks, the broker's partitions as slices of its frames. Handing a whole multi-M
 response to the transport would leave what the socket cannot take at once queued in the
 transport: asyncio's selector transport (Python < 3.12) copies it into a bytearray of its
 own, and uvloop keeps the slices and with them whole chunks. So the writer keeps the
-responses itself, in order, and hands the transport only what the socket's send buffer
-has room for now (`socket_room`), cutting a slice where the room ends (a memoryview of
-the same memory); the transport's write buffer limits are (nearly) 0, so it pauses the
-writer as soon as it holds anything unsent and resumes it once that went out, and the
-writer goes on from there. A slice is never joined with others into new memory.
+responses itself, in order, and the transport's write buffer limits are (nearly) 0: it
+pauses the writer as soon as it holds anything unsent and resumes it once that went out,
+and the writer goes on from there. A slice is never joined with others into new memory.
+
+On a plaintext connection the writer hands the socket the slices itself (`os.writev`, while
+the transport holds nothing, so the order stays): the kernel takes what its send buffer
+has room for, and the writer cuts a slice where that ended. When the socket is full the
+transport is handed a small copy of what comes next (`WAKE_PIECE`): it sends it once the
+socket has room and resumes the writer, which pins nothing meanwhile. A TLS transport must
+encrypt every byte itself, so there the writer hands the transport only what the socket's
+send buffer has room for now (`socket_room`), and a copy of at most MIN_PIECE bytes when it
+seems full.
 
 A response may come with leases on the chunks it sends from (`Releasable`): they are
-given back once the transport has nothing of the response left unsent, or when the
-connection closes. A client that stops reading would keep them for good, and with them
-room in the chunk cache that other clients need. So what is handed to a transport whose
-socket is full is a copy (at most MIN_PIECE bytes: the transport keeps it until the
-client reads), and when the chunk cache finds its bound taken by chunks that responses
-hold, `give_back_stalled` has every stalled writer (its transport paused) copy the chunk
-slices it still queues and give their leases back: the copies are bounded by the
+given back once nothing of the response is left unsent but copies or what the kernel holds,
+or when the connection closes. A client that stops reading would keep them for good, and
+with them room in the chunk cache that other clients need. So what a transport keeps while
+its socket is full is a copy, and when the chunk cache finds its bound taken by chunks that
+responses hold, `give_back_stalled` has every stalled writer (its transport paused) copy the
+chunk slices it still queues and give their leases back: the copies are bounded by the
 connection's `max.pending.response.bytes.per.connection`, and a client that reads never
 has anything copied.
 
@@ -34,6 +40,7 @@ import asyncio
 import collections
 import fcntl
 import mmap
+import os
 import socket
 import struct
 import sys
@@ -43,8 +50,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "STALLED_AFTER_S", "WireBuffer", "copied_for_stalled",
-           "give_back_stalled", "socket_room", "stalled_chunk_bytes")
+__all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "STALLED_AFTER_S", "WAKE_PIECE", "WireBuffer",
+           "copied_for_stalled", "give_back_stalled", "socket_room", "stalled_chunk_bytes")
 
 WireBuffer = bytes | bytearray | memoryview
 """What a transport writes: a response's parts as they are."""
@@ -52,6 +59,12 @@ WireBuffer = bytes | bytearray | memoryview
 MIN_PIECE = 64 * 1024
 """Bytes handed to a transport whose socket seems full, or whose room cannot be known: the
 transport queues them and says when they went out."""
+
+WAKE_PIECE = 4096
+"""Bytes copied for the transport of a plaintext connection whose socket is full: it sends
+them once the socket has room again, and resumes the writer."""
+
+_IOV_MOST = 1024  # buffers one writev takes (Linux's IOV_MAX)
 
 STALLED_AFTER_S = 0.5
 """A writer paused this long (its client took nothing meanwhile) is stalled: a client that
@@ -163,6 +176,9 @@ class PacedWriter:
         self._behind = False
         self._closed = False
         self._copy_handed = 0  # bytes of the copy last handed over, when the socket was full
+        # A plaintext socket's descriptor: the writer writes to it itself (module docstring).
+        self._fd = (self._socket.fileno() if self._socket is not None and hasattr(os, "writev")
+                    and transport.get_extra_info("sslcontext") is None else -1)
         # Paused as soon as it holds anything unsent, resumed once it holds nothing: TLS
         # transports pause at `size >= high`, the others at `size > high`, so 1, not 0.
         transport.set_write_buffer_limits(high=1, low=0)
@@ -268,6 +284,37 @@ class PacedWriter:
         self._queued_bytes = 0
 
     def _pump(self) -> None:
+        if self._fd >= 0:
+            self._pump_plaintext()
+        else:
+            self._pump_by_room()
+        self._check_behind()
+
+    def _pump_plaintext(self) -> None:
+        """Slices to the socket while the transport holds nothing; a small copy to the
+        transport once the socket is full, for it to send when there is room."""
+        queue = self._queue
+        transport = self._transport
+        while queue and not self._paused and not self._closed and not transport.is_closing():
+            if not transport.get_write_buffer_size():  # so the socket's bytes stay in order
+                pieces = self._peek(sys.maxsize, _IOV_MOST)
+                try:
+                    written = os.writev(self._fd, pieces)
+                except BlockingIOError:
+                    written = 0
+                except OSError:  # the connection is gone: the transport meets it too, and closes
+                    written = 0
+                self._advance(written)
+                self._release_handed()  # what the kernel took is its own copy
+                if written == sum(len(piece) for piece in pieces):
+                    continue
+            copy = b"".join(self._pieces(WAKE_PIECE))
+            transport.write(copy)
+            if self._was_stalled:
+                _count_copy(len(copy))
+            self._release_handed()  # the transport holds a copy
+
+    def _pump_by_room(self) -> None:
         queue = self._queue
         transport = self._transport
         while queue and not self._paused and not self._closed and not transport.is_closing():
@@ -297,33 +344,50 @@ class PacedWriter:
                     transport.write(piece)
                     room -= len(piece)
             self._release_written()
-        self._check_behind()
 
     def _pieces(self, room: int, most: int = -1) -> list[WireBuffer]:
-        """Up to `room` bytes (in at most `most` pieces) from the head of the queue, as the
-        parts themselves or slices of them."""
-        pieces: list[WireBuffer] = []
-        queue = self._queue
-        while queue and room > 0 and len(pieces) != most:
-            response = queue[0]
-            parts = response.parts
-            part = parts[response.index]
-            size = len(part) - response.offset
-            if size <= room and not response.offset:
-                pieces.append(part)
-            else:
-                view = part if isinstance(part, memoryview) else memoryview(part)
-                size = min(size, room)
-                pieces.append(view[response.offset:response.offset + size])
-            room -= size
-            self._queued_bytes -= size
-            response.offset += size
-            if response.offset == len(part):
-                response.index += 1
-                response.offset = 0
-                if response.index == len(parts):
-                    self._finish_head()
+        """Up to `room` bytes (in at most `most` pieces) taken from the head of the queue."""
+        pieces = self._peek(room, most)
+        self._advance(sum(len(piece) for piece in pieces))
         return pieces
+
+    def _peek(self, room: int, most: int = -1) -> list[WireBuffer]:
+        """Up to `room` bytes (in at most `most` pieces) from the head of the queue, as the
+        parts themselves or slices of them; the queue is left as it is."""
+        pieces: list[WireBuffer] = []
+        for response in self._queue:
+            parts, index, offset = response.parts, response.index, response.offset
+            while index < len(parts) and room > 0 and len(pieces) != most:
+                part = parts[index]
+                size = len(part) - offset
+                if size <= room and not offset:
+                    pieces.append(part)
+                else:
+                    view = part if isinstance(part, memoryview) else memoryview(part)
+                    size = min(size, room)
+                    pieces.append(view[offset:offset + size])
+                room -= size
+                index, offset = index + 1, 0
+            if room <= 0 or len(pieces) == most:
+                break
+        return pieces
+
+    def _advance(self, sent: int) -> None:
+        """`sent` bytes of the head of the queue went out (or were copied): past them, and
+        past the empty parts that follow."""
+        self._queued_bytes -= sent
+        queue = self._queue
+        while queue:
+            response = queue[0]
+            left = len(response.parts[response.index]) - response.offset
+            if sent < left:
+                response.offset += sent
+                return
+            sent -= left
+            response.index += 1
+            response.offset = 0
+            if response.index == len(response.parts):
+                self._finish_head()
 
     def _finish_head(self) -> None:
         """The head response is cut into pieces whole: its leases wait for the transport."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import socket
+import ssl
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from tierproxy.proxy import paced
 from tierproxy.proxy.paced import (
     MIN_PIECE,
     STALLED_AFTER_S,
+    WAKE_PIECE,
     PacedWriter,
     copied_for_stalled,
     give_back_stalled,
@@ -309,9 +311,55 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
     assert received == original + frame + original
 
 
-def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tail's responses (small, broker bytes only) go straight to the transport: the
-    three system calls of socket_room are for responses that may pin a chunk."""
+class Spied(asyncio.WriteTransport):
+    """A real transport, with the size of everything handed to it recorded; `tls` has it say
+    that it encrypts (an SSL context), as a TLS transport over the same socket would."""
+
+    def __init__(self, transport: Any, tls: bool) -> None:
+        super().__init__()
+        self.transport = transport
+        self.tls = tls
+        self.handed: list[int] = []
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "sslcontext" and self.tls:
+            return ssl.create_default_context()
+        return self.transport.get_extra_info(name, default)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return int(self.transport.get_write_buffer_size())
+
+    def is_closing(self) -> bool:
+        return bool(self.transport.is_closing())
+
+    def write(self, data: Any) -> None:
+        self.handed.append(len(data))
+        self.transport.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:  # type: ignore[override]
+        for data in list_of_data:
+            self.write(data)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class _SpiedSink(_Sink):
+    def __init__(self, tls: bool) -> None:
+        super().__init__()
+        self.tls = tls
+        self.spied: Spied | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.spied = Spied(transport, self.tls)
+        self.writer = PacedWriter(self.spied, 1 << 30, lambda: None, lambda: None)
+
+
+def _counting_room(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     asked: list[int] = []
     real_room = paced.socket_room
 
@@ -320,6 +368,13 @@ def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pyt
         return real_room(sock)
 
     monkeypatch.setattr(paced, "socket_room", counting_room)
+    return asked
+
+
+def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over TLS the tail's responses (small, broker bytes only) go straight to the transport:
+    the three system calls of socket_room are for responses that may pin a chunk."""
+    asked = _counting_room(monkeypatch)
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(server.getsockname())
     accepted, _ = server.accept()
@@ -330,7 +385,7 @@ def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pyt
 
     async def main() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.connect_accepted_socket(_Sink, accepted)
+        transport, protocol = await loop.connect_accepted_socket(lambda: _SpiedSink(tls=True), accepted)
         assert protocol.writer is not None
         for _ in range(50):
             protocol.writer.write([b"\x00\x00\x00\x08", b"response"], None)
@@ -343,3 +398,52 @@ def test_small_responses_holding_no_chunk_skip_the_sockets_room(monkeypatch: pyt
     client.close()
     server.close()
     assert small == 0 and leased >= 1
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_plaintext_socket_takes_the_chunks_slices_themselves(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a plaintext connection the writer writes the chunk's slices to the socket itself:
+    it never asks the socket for room, the transport is handed only a small copy each time
+    the socket is full (so that it says when there is room again), a slow reader gets every
+    byte in order, and the leases go back once the kernel took the whole response."""
+    asked = _counting_room(monkeypatch)
+    chunk = mmap.mmap(-1, 8 << 20)
+    chunk[:] = bytes(range(256)) * (len(chunk) // 256)
+    parts = [memoryview(chunk)[i:i + (1 << 20)] for i in range(0, len(chunk), 1 << 20)]
+    frame = b"broker frame" * 1000
+
+    async def main() -> tuple[bytes, list[int], int]:
+        loop = asyncio.get_running_loop()
+        sink = _SpiedSink(tls=False)
+        server = await loop.create_server(lambda: sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        raw = socket.create_connection(("127.0.0.1", port))
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        raw.setblocking(False)
+        while sink.writer is None:
+            await asyncio.sleep(0.001)
+        leases = Leases()
+        sink.writer.write([frame, *parts], leases)
+        received = bytearray()
+        while len(received) < len(frame) + len(chunk):
+            try:
+                received += raw.recv(64 * 1024)
+            except BlockingIOError:
+                pass
+            await asyncio.sleep(0.0005)  # a reader slower than the writer: the socket fills
+        for _ in range(100):
+            if leases.released:
+                break
+            await asyncio.sleep(0.01)
+        raw.close()
+        assert sink.transport is not None and sink.spied is not None
+        sink.transport.close()
+        server.close()
+        return bytes(received), sink.spied.handed, leases.released
+
+    received, handed, released = run(main())
+    assert received == frame + bytes(range(256)) * (len(chunk) // 256)
+    assert asked == []
+    assert handed and max(handed) <= WAKE_PIECE  # it did fill the socket, and got small copies
+    assert sum(handed) < len(received) // 8
+    assert released == 1
