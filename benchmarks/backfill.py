@@ -276,7 +276,8 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
 def proxy_counters(port: int, wanted: dict[str, str] | None = None) -> dict[str, float]:
     """The proxy's own view of a replay, summed over labels: by default remote reads that ran
     out of `remote.fetch.max.wait.ms`, remote reads answered, and their total seconds;
-    `wanted` maps other metric names to the keys they are returned under."""
+    `wanted` maps other metric names to the keys they are returned under (a name with its
+    labels, as the exposition writes them, `name{label="value"}`, takes only that series)."""
     import urllib.request
 
     if wanted is None:
@@ -286,9 +287,11 @@ def proxy_counters(port: int, wanted: dict[str, str] | None = None) -> dict[str,
     totals = dict.fromkeys(wanted.values(), 0.0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                totals[wanted[name]] += float(line.rsplit(" ", 1)[1])
+            series, _, value = line.rpartition(" ")
+            name = series.split("{", 1)[0]
+            for key in (name, series):
+                if key in wanted:
+                    totals[wanted[key]] += float(value)
     return totals
 
 

@@ -43,8 +43,10 @@ together at a phase's start).
 
 It prints, per worker setting, the honest records/s alone and beside the hostile
 clients, their ratio, the remote reads that ran out of `remote.fetch.max.wait.ms`, the
-longest time an honest consumer went without a record during the hostile phases, and the
-chunk bytes held by and copied for stalled connections (the proxy's metrics). Partition
+longest time an honest consumer went without a record during the hostile phases, the
+chunk bytes held by and copied for stalled connections, and the share of chunk cache lookups
+that hit, per phase (the proxy's metrics: each worker holds its share of the cache and sees
+only the connections the kernel gave it). Partition
 errors the honest consumers saw (they retry them) are counted apart. Exit status 0 only if no
 record was wrong, lost or duplicated. `--profile` samples the proxy with py-spy during the
 first alone and the first hostile phase and prints the top functions of each.
@@ -118,6 +120,11 @@ COUNTERS = {
     "tierproxy_remote_read_seconds_count": "reads",
     "tierproxy_stalled_chunk_bytes_copied_total": "copied",
     "tierproxy_stalled_chunk_bytes": "held",
+}
+# The chunk cache's lookups, per phase: each worker holds its share of the cache.
+CHUNK_LOOKUPS = {
+    'tierproxy_cache_hits_total{cache="chunk"}': "hits",
+    'tierproxy_cache_misses_total{cache="chunk"}': "misses",
 }
 
 
@@ -468,6 +475,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
         hostile_cpu_seconds: list[tuple[float, ...]] = []
         alone_cpu_seconds: list[tuple[float, ...]] = []
         proxy_per_record: list[tuple[bool, float]] = []
+        chunk_hits: list[float] = []  # per hostile phase, the share of chunk lookups that hit
+        alone_chunk_hits: list[float] = []
         threads = [threading.Thread(target=honest_consumer, args=(i, proxy_info["bootstrap"], topic, per_partition,
                                                                   state, stop)) for i in range(args.honest)]
         threads.append(threading.Thread(target=gap_watch, args=(state, stop, hostile_on, worst)))
@@ -493,6 +502,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     state.last_record = [started] * args.honest
                 proxy_cpu, own_cpu = tree_cpu_seconds(proxy_info["pid"]), own_cpu_seconds()
                 broker_cpu, jit_cpu = tree_cpu_seconds(args.broker_pid), jit_cpu_seconds(args.broker_pid)
+                lookups = proxy_counters(metrics_port, CHUNK_LOOKUPS)
                 # The metrics are scraped in every phase alike: a scrape costs the proxy CPU.
                 phase_over = threading.Event()
                 peak: list[float] = [0.0]
@@ -518,6 +528,9 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                 with state.lock:
                     phase_records = state.records - records
                     rate = phase_records / (time.monotonic() - started)
+                lookups_after = proxy_counters(metrics_port, CHUNK_LOOKUPS)
+                hits, misses = (lookups_after[key] - lookups[key] for key in ("hits", "misses"))
+                (chunk_hits if with_hostile else alone_chunk_hits).append(hits / max(hits + misses, 1))
                 hostile_child.close()
                 (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
                 (beside if with_hostile else alone).append(rate)
@@ -536,7 +549,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f}, "
                     f"of it its JIT compilers {cpu[4]:.1f})")
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
-                      f"{rate:,.0f} records/s{cpu_note}; thousands of records per second: "
+                      f"{rate:,.0f} records/s{cpu_note}; chunk cache {hits / max(hits + misses, 1):.0%} hits, "
+                      f"{misses / args.phase:,.0f} misses/s; thousands of records per second: "
                       f"{' '.join(str(round(n / 1000)) for n in timeline)}", flush=True)
         finally:
             stop.set()
@@ -549,7 +563,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
             "expired": after["expired"] - before["expired"], "reads": after["reads"] - before["reads"],
             "copied": after["copied"] - before["copied"], "held_peak": held_peak, "gap": worst[0],
             "cpu": hostile_cpu_seconds, "alone_cpu": alone_cpu_seconds, "read_errors": read_errors,
-            "proxy_per_record": proxy_per_record}
+            "proxy_per_record": proxy_per_record, "chunk_hits": chunk_hits, "alone_chunk_hits": alone_chunk_hits}
 
 
 def _timeline(state: Honest, phase_over: threading.Event, per_second: list[int]) -> None:
@@ -669,7 +683,8 @@ def main() -> int:
               f"proxy {cpu[1]:.2f}, honest consumers {cpu[2]:.2f}, broker {cpu[3]:.2f} (of it its JIT compilers "
               f"{cpu[4]:.2f}); alone: proxy "
               f"{alone_cpu[1]:.2f}, honest consumers {alone_cpu[2]:.2f}, broker {alone_cpu[3]:.2f}; proxy CPU µs per honest record (median) alone {per_record[False]:.1f}, "
-              f"beside hostile {per_record[True]:.1f}")
+              f"beside hostile {per_record[True]:.1f}; chunk cache hits (median of phases) alone "
+              f"{statistics.median(r['alone_chunk_hits']):.0%}, beside hostile {statistics.median(r['chunk_hits']):.0%}")
         if r["read_errors"]:
             print(f"  {workers} worker(s), failed remote reads (all clients') by reason: "
                   + ", ".join(f"{reason} {n:,}" for reason, n in sorted(r["read_errors"].items())))
