@@ -95,7 +95,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adversarial import PARTITIONS, PASSWORD, Proxy  # noqa: E402  beside this script
 from backfill import (  # noqa: E402
-    _free_port, proxy_counters, proxy_process, tier_everything, tree_cpu_seconds, trim_to_end)
+    _free_port, proxy_counters, proxy_process, stat_cpu_seconds, tier_everything, tree_cpu_seconds,
+    trim_to_end)
 from benchmark_data import produce  # noqa: E402
 import profiling  # noqa: E402
 from testbed.ports import ESTABLISHED, tcp_sockets  # noqa: E402
@@ -380,15 +381,14 @@ def read_errors_by_reason(metrics_port: int) -> collections.Counter[str]:
 def jit_cpu_seconds(pid: int) -> float:
     """CPU time so far of a JVM's JIT compiler threads (HotSpot names them "C1 CompilerThread<n>"
     and "C2 CompilerThread<n>"; /proc shows the first 15 characters)."""
-    ticks = 0
+    total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             if (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()  # the thread's own, not the process's
-                ticks += int(fields[11]) + int(fields[12])
+                total += stat_cpu_seconds(task / "stat")  # the thread's own, not the process's
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def own_cpu_seconds() -> float:
@@ -530,7 +530,8 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     rate = phase_records / (time.monotonic() - started)
                 lookups_after = proxy_counters(metrics_port, CHUNK_LOOKUPS)
                 hits, misses = (lookups_after[key] - lookups[key] for key in ("hits", "misses"))
-                (chunk_hits if with_hostile else alone_chunk_hits).append(hits / max(hits + misses, 1))
+                hit_share = hits / max(hits + misses, 1)
+                (chunk_hits if with_hostile else alone_chunk_hits).append(hit_share)
                 hostile_child.close()
                 (hostile_cpu_seconds if with_hostile else alone_cpu_seconds).append(cpu)
                 (beside if with_hostile else alone).append(rate)
@@ -549,7 +550,7 @@ def run_setting(properties: dict[str, str], tmp: Path, workers: int, topic: str,
                     f" (CPU s: proxy {cpu[1]:.1f}, honest consumers {cpu[2]:.1f}, broker {cpu[3]:.1f}, "
                     f"of it its JIT compilers {cpu[4]:.1f})")
                 print(f"  {workers} worker(s), phase {phase + 1}: {'hostile' if with_hostile else 'alone  '} "
-                      f"{rate:,.0f} records/s{cpu_note}; chunk cache {hits / max(hits + misses, 1):.0%} hits, "
+                      f"{rate:,.0f} records/s{cpu_note}; chunk cache {hit_share:.0%} hits, "
                       f"{misses / args.phase:,.0f} misses/s; thousands of records per second: "
                       f"{' '.join(str(round(n / 1000)) for n in timeline)}", flush=True)
         finally:

@@ -300,18 +300,13 @@ class PacedWriter:
                 pieces = self._peek(sys.maxsize, _IOV_MOST)
                 try:
                     written = os.writev(self._fd, pieces)
-                except BlockingIOError:
-                    written = 0
-                except OSError:  # the connection is gone: the transport meets it too, and closes
+                except OSError:  # full (BlockingIOError), or gone: the transport meets that too, and closes
                     written = 0
                 self._advance(written)
                 self._release_handed()  # what the kernel took is its own copy
                 if written == sum(len(piece) for piece in pieces):
                     continue
-            copy = b"".join(self._pieces(WAKE_PIECE))
-            transport.write(copy)
-            if self._was_stalled:
-                _count_copy(len(copy))
+            self._hand_copy(WAKE_PIECE)
             self._release_handed()  # the transport holds a copy
 
     def _pump_by_room(self) -> None:
@@ -329,11 +324,7 @@ class PacedWriter:
                 room = socket_room(self._socket) - transport.get_write_buffer_size()
             if room <= 0:
                 # The transport keeps what the socket cannot take: a copy, not a chunk's view.
-                copy = b"".join(self._pieces(MIN_PIECE))
-                transport.write(copy)
-                self._copy_handed = len(copy)
-                if self._was_stalled:
-                    _count_copy(len(copy))
+                self._copy_handed = self._hand_copy(MIN_PIECE)
             elif self._writes_lines:
                 self._copy_handed = 0
                 transport.writelines(self._pieces(room))
@@ -344,6 +335,15 @@ class PacedWriter:
                     transport.write(piece)
                     room -= len(piece)
             self._release_written()
+
+    def _hand_copy(self, most: int) -> int:
+        """A copy of up to `most` bytes from the head of the queue, handed to the transport
+        (which keeps it until the socket takes it); its length."""
+        copy = b"".join(self._pieces(most))
+        self._transport.write(copy)
+        if self._was_stalled:
+            _count_copy(len(copy))
+        return len(copy)
 
     def _pieces(self, room: int, most: int = -1) -> list[WireBuffer]:
         """Up to `room` bytes (in at most `most` pieces) taken from the head of the queue."""
@@ -390,7 +390,8 @@ class PacedWriter:
                 self._finish_head()
 
     def _finish_head(self) -> None:
-        """The head response is cut into pieces whole: its leases wait for the transport."""
+        """The head response is cut into pieces whole: its leases wait until what holds its
+        slices lets go (the transport; on a plaintext socket the kernel took them already)."""
         leases = self._queue.popleft().leases
         if leases is not None:
             self._handed.append(leases)
