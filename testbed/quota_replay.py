@@ -64,7 +64,12 @@ def replay(bootstrap: str, topic: str, records: Mapping[int, int], metrics_port:
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append((time.monotonic(), store_bytes(metrics_port)))
+            # Stamped at the scrape's midpoint: a scrape the busy proxy answers late read
+            # its counter after it was asked, and a stamp taken before would put those
+            # bytes into too short a window.
+            asked = time.monotonic()
+            read = store_bytes(metrics_port)
+            samples.append(((asked + time.monotonic()) / 2, read))
             stop.wait(SAMPLE_S)
 
     deliveries: dict[int, list[float]] = {p: [] for p in records}
