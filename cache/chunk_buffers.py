@@ -170,6 +170,11 @@ class ChunkLeases:
     def __len__(self) -> int:
         return len(self._held)
 
+    @property
+    def response(self) -> bool:
+        """A response's leases: what they hold counts against the chunk cache's bound."""
+        return self._response
+
     def buffers(self) -> list[mmap.mmap]:
         """The buffers held (a chunk's buffer is chunk-sized, its chunk may be shorter)."""
         return list(self._held)

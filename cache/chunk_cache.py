@@ -38,7 +38,11 @@ demand load in flight). A demand load that finds the bound full of what response
 (clients that stopped reading) waits for them to give chunks back as long as its read's
 deadline allows (`storage.backoff.read_deadline`: the fetch's remote.fetch.max.wait.ms,
 which then answers empty records), then fails with ChunkCacheFull, retriable, for that
-read only; a chunk still cached is served all the same.
+read only; a chunk still cached is served all the same. A load for a response that already
+holds chunks does not wait: it fails at once with ResponseCutShort, and the response goes
+out with what it holds. Responses that each hold part of the bound and wait for the rest
+would otherwise wait for one another (a Fetch's partitions are read concurrently, each
+holding its chunks until the whole response is written) until every one of them expires.
 
 A chunk whose load meets a corrupt block (the store checks each block as it streams
 it) is neither cached nor returned: `get` raises CorruptChunk, which carries the
@@ -67,6 +71,10 @@ from .single_flight import SingleFlight
 
 ChunkKey = tuple[uuid.UUID, int]
 
+ROOM_RECHECK_S = 0.02
+"""A demand load waiting for room that responses hold looks again this often, besides when
+a response gives a chunk back."""
+
 
 class CorruptChunk(CorruptRemoteSegment):
     """A chunk's load stopped at a corrupt block. `intact` is the chunk's bytes before that
@@ -85,6 +93,12 @@ class ChunkCacheFull(RemoteStorageError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retriable=True)
+
+
+class ResponseCutShort(ChunkCacheFull):
+    """The chunk cache's bound is taken by chunks that responses hold, and the response this
+    load is for holds some of them: rather than wait for room it may itself be holding, the
+    read ends where it is, and the response is made of what it holds."""
 
 
 class _NotReached(Exception):
@@ -144,9 +158,9 @@ class ChunkCache:
         # Set when a response gives a chunk back: demand loads waiting for room look again.
         self._released = asyncio.Event()
         self._buffers.on_release = self._released.set
-        #: Asked, when responses hold the whole bound, to have holders that are not being
-        #: written (stalled clients) give their chunks back; returns the bytes it copied.
-        #: The proxy sets it (paced.give_back_stalled); nothing else holds chunks that long.
+        #: Asked, when responses hold the whole bound, to have a holder whose client does not
+        #: keep up give its chunks back; returns the bytes it copied (at least 1 when it gave
+        #: any back, 0 when none could). The proxy sets it (paced.give_back_paused).
         self.on_full: Callable[[], int] = lambda: 0
         #: The store's read quota (KIP-956's fetch quota; the proxy sets both): told the
         #: bytes of every read from the store as it starts, runs and read-ahead included,
@@ -229,8 +243,10 @@ class ChunkCache:
         self._metrics.miss()
         claim = _Claim()
         self._claims.setdefault(key, []).append(claim)
+        # A response that holds chunks already is not kept waiting for room (ResponseCutShort).
+        waits = leases is None or not leases.response or not len(leases)
         try:
-            data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0))
+            data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0, waits=waits))
         finally:
             claims = self._claims.get(key)
             if claims is not None and claim in claims:
@@ -357,30 +373,38 @@ class ChunkCache:
                      if held(data.obj))
         return cached + self._buffers.held_bytes
 
-    async def _room_for(self, segment: RemoteLogSegmentMetadata, index: int, size: int) -> None:
+    async def _room_for(self, segment: RemoteLogSegmentMetadata, index: int, size: int, waits: bool) -> None:
         """Until what responses hold leaves room for `size` bytes (or nothing is held): as
-        long as the read's deadline allows, then ChunkCacheFull."""
+        long as the read's deadline allows, then ChunkCacheFull; without `waits`, not at all
+        (ResponseCutShort)."""
         while True:
             held = self._held_by_responses()
             if not held or held + size <= self.max_bytes:
                 return
             if self.on_full():
                 continue  # leases given back: look again
+            if not waits:
+                raise ResponseCutShort(
+                    f"chunk {index} of segment {segment.segment_id.id}: responses hold {held} bytes of the "
+                    f"chunk cache's {self.max_bytes}, this read's own response among them")
             left = read_time_left()
             if left is not None and left > 0:
                 self._released.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._released.wait(), left)
+                    # Not only until a lease comes back: a holder whose socket fills meanwhile
+                    # can be asked to give its chunks back (on_full).
+                    await asyncio.wait_for(self._released.wait(), min(left, ROOM_RECHECK_S))
                 continue
             raise ChunkCacheFull(
                 f"chunk {index} of segment {segment.segment_id.id}: responses not yet written hold "
                 f"{held} bytes of the chunk cache's {self.max_bytes} (remote.log.chunk.cache.size.bytes)")
 
-    async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int) -> memoryview:
+    async def _load(self, segment: RemoteLogSegmentMetadata, index: int, *, reserved: int,
+                    waits: bool = True) -> memoryview:
         start = index * self.chunk_size
         size = self.chunk_length(segment, index)
         if not reserved:
-            await self._room_for(segment, index, size)
+            await self._room_for(segment, index, size, waits)
         buffer: mmap.mmap | None = None
         data = memoryview(b"")
         try:

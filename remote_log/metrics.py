@@ -9,8 +9,8 @@
 | RemoteLogReaderAvgIdlePercent  | tierproxy_remote_log_reader_avg_idle_percent (0..1 now, as Kafka's), 1 - rate(..._busy_seconds_total) / ..._threads (average) |
 
 plus the record bytes served (`tierproxy_remote_fetch_bytes_total{topic}`), remote
-fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`)
-and, per cache (`cache` = index | chunk), hits, misses, evictions, prefetches, bytes
+fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`) or
+were cut short for room in the chunk cache (`..._remote_fetch_cut_short_total`) and, per cache (`cache` = index | chunk), hits, misses, evictions, prefetches, bytes
 and entries. Rates are Prometheus' job (`rate(...[1m])`).
 
 Everything is registered on the CollectorRegistry passed in, so a test builds a
@@ -52,6 +52,11 @@ class RemoteMetrics:
             "Remote reads still running when remote.fetch.max.wait.ms ran out (answered with empty records), "
             "or remote.list.offsets.request.timeout.ms for a ListOffsets lookup (REQUEST_TIMED_OUT).",
             ["topic"], registry=r)
+        self.fetch_cut_short = Counter(
+            "tierproxy_remote_fetch_cut_short",
+            "Remote reads that ended before their bytes (answered with the records read so far, possibly none, "
+            "no error): the chunk cache's bound was full of chunks that responses hold, the read's own response "
+            "among them.", ["topic"], registry=r)
         self.not_available = Counter(
             "tierproxy_tiered_storage_not_available",
             "Fetch partitions answered TIERED_STORAGE_NOT_AVAILABLE (sent as "

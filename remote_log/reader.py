@@ -53,7 +53,7 @@ from typing import NamedTuple
 from cachetools import LRUCache
 
 from tierproxy.cache.chunk_buffers import ChunkLeases, current_leases
-from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk
+from tierproxy.cache.chunk_cache import ChunkCache, CorruptChunk, ResponseCutShort
 from tierproxy.cache.index_cache import RemoteIndexCache
 from tierproxy.protocol.errors import DecodeError
 from tierproxy.protocol.records import HEADER_SIZE, Batch, log_batches_async
@@ -212,14 +212,20 @@ class RemoteLogReader:
         assert log_start is not None  # a segment is looked for only from the log start on
         # Chunks beyond what this read reads are loaded ahead only for a sequential reader.
         sequential = owner_reads_on(tp, fetch_offset)
-        while True:
-            read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch, sequential)
-            if read.found:
-                break
-            following = self.segments.following(segment, leader_epoch)
-            if following is None:
-                break
-            segment = following
+        try:
+            while True:
+                read = await self._read_segment(segment, fetch_offset, max_bytes, min_one_batch, sequential)
+                if read.found:
+                    break
+                following = self.segments.following(segment, leader_epoch)
+                if following is None:
+                    break
+                segment = following
+        except ResponseCutShort:
+            # No room for this partition's first chunk beside what its own response holds: it
+            # gets no records this time, no error; the response goes out with the others'.
+            self.metrics.fetch_cut_short.labels(tp.topic).inc()
+            return RemoteReadResult([], 0, fetch_offset, log_start)
         if read.records and sequential and owner_reads_ahead():
             self._read_ahead_following(segment, read.next_position, leader_epoch)
         next_offset = fetch_offset if read.last_offset is None else read.last_offset + 1
@@ -257,6 +263,10 @@ class RemoteLogReader:
                         last_offset = header.last_offset
                         if header.last_offset >= segment.end_offset or max_bytes - size < HEADER_SIZE:
                             break  # nothing more fits: do not load a chunk just to learn that
+                except ResponseCutShort:
+                    if not records:
+                        raise
+                    self.metrics.fetch_cut_short.labels(segment.topic_id_partition.topic).inc()
                 except (DecodeError, CorruptRemoteSegment) as e:
                     # Like Kafka's log reader, which stops at the first invalid batch: the
                     # intact batches before it are served; only a read that starts there fails.

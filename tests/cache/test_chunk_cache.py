@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tierproxy.cache.chunk_buffers import ChunkBuffers, ChunkLeases, response_leases
-from tierproxy.cache.chunk_cache import ChunkCache, ChunkCacheFull, CorruptChunk
+from tierproxy.cache.chunk_cache import ChunkCache, ChunkCacheFull, CorruptChunk, ResponseCutShort
 from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.storage.errors import CorruptRemoteSegment, RemoteStorageError
 from tierproxy.storage.manifest import BLOCK_BYTES
@@ -307,6 +307,82 @@ async def test_a_read_with_a_deadline_waits_for_held_chunks_to_be_given_back(tmp
         assert not waiting.done()
         stuck.release()  # the slow client's responses went out
         assert await waiting == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        await cache.close()
+
+
+async def test_responses_that_each_hold_part_of_the_bound_are_cut_short_not_kept_waiting(tmp_path: Path) -> None:
+    """Two responses hold the whole bound between them and each wants one chunk more (a
+    Fetch's partitions are read concurrently, each response holds what it read until it is
+    written): waiting, each would wait for the other until its fetch's wait ran out. Each
+    ends at once instead (ResponseCutShort), and goes out with what it holds; a response
+    holding nothing still waits for room, and gets it once they are written."""
+    from tierproxy.storage.backoff import read_deadline
+
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+        segment = partition.segments[0]
+        cache = ChunkCache(rsm, chunk_size=CHUNK, max_bytes=2 * CHUNK, read_ahead_chunks=0)
+        first, second = ChunkLeases(), ChunkLeases()
+        await cache.get(segment, 0, leases=first)
+        await cache.get(segment, 1, leases=second)
+
+        async def one_more(leases: ChunkLeases, index: int) -> bytes:
+            with read_deadline(30):
+                return bytes(await cache.get(segment, index, leases=leases))
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.wait_for(asyncio.gather(one_more(first, 2), one_more(second, 3),
+                                                        return_exceptions=True), 10)
+        assert [type(r) for r in results] == [ResponseCutShort, ResponseCutShort]
+        assert all(r.retriable for r in results if isinstance(r, ResponseCutShort))
+        assert loop.time() - started < 5  # not the 30 s of their fetches' wait
+        assert len(first) == len(second) == 1 and cache.total_bytes <= cache.max_bytes
+
+        fresh = ChunkLeases()
+        waiting = asyncio.create_task(one_more(fresh, 2))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # it holds nothing: it waits for room
+        first.release()
+        second.release()
+        assert await waiting == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        fresh.release()
+        await cache.close()
+
+
+async def test_a_load_waiting_for_room_asks_again_for_holders_to_give_chunks_back(tmp_path: Path) -> None:
+    """The room is held by a response whose client reads, so at first nothing can be given
+    back; its socket then fills and its chunks can be: the waiting load asks again within
+    its wait, without a lease coming back by itself, and is served long before the wait
+    runs out."""
+    from tierproxy.storage.backoff import read_deadline
+
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
+        socket_full = asyncio.Event()
+        asked_after = []
+
+        def give_back() -> int:
+            if not socket_full.is_set() or not len(stuck):
+                return 0
+            asked_after.append(True)
+            stuck.release()  # what paced.give_back_paused does once the writer is paused
+            return 1
+
+        cache.on_full = give_back
+
+        async def read() -> bytes:
+            with read_deadline(30):
+                return bytes(await cache.get(segment, 2, leases=ChunkLeases()))
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = asyncio.create_task(read())
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        socket_full.set()  # no lease comes back by itself: only asking again frees the room
+        assert await asyncio.wait_for(waiting, 10) == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        assert asked_after and loop.time() - started < 5
         await cache.close()
 
 

@@ -18,7 +18,7 @@ from tierproxy.cache.chunk_buffers import ChunkLeases, response_leases
 from tierproxy.cache.chunk_cache import ChunkCacheFull
 from tierproxy.remote_log.reader_pool import RemoteLogReaderPool, read_owner
 from tierproxy.remote_log.metrics import RemoteMetrics
-from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader
+from tierproxy.remote_log.reader import IsolationLevel, RemoteLogReader, RemoteReadResult
 from tierproxy.protocol.records import HEADER_SIZE, crc_valid, iter_batches
 from tierproxy.remote_log.failures import Cause, cause_of
 from tierproxy.storage.errors import CorruptRemoteSegment, MetadataNotReady, RemoteResourceNotFound
@@ -567,6 +567,56 @@ async def test_memory_stays_bounded_with_many_concurrent_replays(tmp_path: Path)
         # The bound was tight: chunks were evicted and read again.
         assert reader.metrics.value("tierproxy_cache_evictions_total", {"cache": "chunk"}) > 0
         await pool.close()
+        await close(reader)
+
+
+async def test_a_response_that_fills_the_chunk_cache_goes_out_with_what_it_read(tmp_path: Path) -> None:
+    """The response being made holds the whole chunk cache: its read of a partition ends at
+    the chunk it finds no room for, with the whole batches before it, and its read of another
+    partition gets no records and no error, not a wait for room that only its own writing
+    frees (tierproxy_remote_fetch_cut_short_total counts both). The next Fetch goes on from
+    there, and nothing is lost."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        one = await build_partition(rsm, rlmm, tmp_path / "one", segments=1, batches_per_segment=40)
+        two = await build_partition(rsm, rlmm, tmp_path / "two", tp=new_tp("other"), segments=1,
+                                    batches_per_segment=40)
+        metrics = RemoteMetrics()
+        reader = make_reader(rsm, rlmm, chunk_cache_bytes=3 * CHUNK, read_ahead=0, metrics=metrics)
+        assert len(one.log_of(0)) > 4 * CHUNK
+        response = ChunkLeases()
+
+        async def fetch() -> tuple[RemoteReadResult, RemoteReadResult]:
+            response_leases(response)
+            first = await reader.read(one.tp, one.log_start_offset, 1 << 20, min_one_batch=True)
+            second = await reader.read(two.tp, two.log_start_offset, 1 << 20, min_one_batch=True)
+            return first, second
+
+        first, second = await asyncio.wait_for(asyncio.create_task(fetch()), 10)
+        assert 0 < first.records_size < len(one.log_of(0))
+        check(first, one, one.log_start_offset, first.records_size, True)
+        assert (second.records, second.records_size, second.offset_out_of_range) == ([], 0, False)
+        assert second.next_fetch_offset == two.log_start_offset
+        cut_short = [metrics.value("tierproxy_remote_fetch_cut_short_total", {"topic": p.tp.topic}) for p in (one, two)]
+        assert cut_short == [1, 1]
+        assert metrics.value("tierproxy_remote_read_errors_total", {"topic": one.tp.topic, "reason": "queue_full"}) == 0
+        served = b"".join(first.records)
+        response.release()  # written: its chunks' buffers may be reused
+        offset = first.next_fetch_offset
+        while offset < one.log_end_offset:  # the next Fetches, each its own response
+
+            async def next_fetch() -> tuple[bytes, int]:
+                leases = ChunkLeases()
+                response_leases(leases)
+                result = await reader.read(one.tp, offset, 1 << 20, min_one_batch=True)
+                data = b"".join(result.records)
+                leases.release()
+                return data, result.next_fetch_offset
+
+            data, following = await asyncio.create_task(next_fetch())
+            assert following > offset
+            served += data
+            offset = following
+        assert served == one.log_of(0)
         await close(reader)
 
 
