@@ -23,10 +23,11 @@ given back once nothing of the response is left unsent but copies or what the ke
 or when the connection closes. A client that stops reading would keep them for good, and
 with them room in the chunk cache that other clients need. So what a transport keeps while
 its socket is full is a copy, and when the chunk cache finds its bound taken by chunks that
-responses hold, `give_back_stalled` has every stalled writer (its transport paused) copy the
-chunk slices it still queues and give their leases back: the copies are bounded by the
-connection's `max.pending.response.bytes.per.connection`, and a client that reads never
-has anything copied.
+responses hold, `give_back_paused` has the writers paused longest (their transport holds
+unsent bytes: the socket is full), one by one until there is room, copy the chunk slices
+they still queue and give their leases back: the copies are bounded by the connection's
+`max.pending.response.bytes.per.connection`, and a client whose socket takes what it is
+sent never has anything copied.
 
 A writer paused for `STALLED_AFTER_S` without its client taking anything is `stalled`: its
 connection's remote reads wait behind others' and read no chunks ahead
@@ -51,7 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 __all__ = ("MIN_PIECE", "PacedWriter", "Releasable", "STALLED_AFTER_S", "WAKE_PIECE", "WireBuffer",
-           "copied_for_stalled", "give_back_stalled", "socket_room", "stalled_chunk_bytes")
+           "copied_for_stalled", "give_back_paused", "socket_room", "stalled_chunk_bytes")
 
 WireBuffer = bytes | bytearray | memoryview
 """What a transport writes: a response's parts as they are."""
@@ -73,18 +74,28 @@ reads takes a socket's worth within milliseconds on any network a Kafka client u
 _UNSIGNED = struct.Struct("I")
 
 # The writers of this process whose transport is paused (the client reads slower than
-# they write), for give_back_stalled.
+# they write), for give_back_paused.
 _stalled: weakref.WeakSet[PacedWriter] = weakref.WeakSet()
 
 
 _copied = 0  # bytes copied for clients whose socket was full, since the process started
 
 
-def give_back_stalled() -> int:
-    """Every stalled writer copies the chunk slices it queues and gives their leases back
-    (see the module's docstring); the bytes copied. A writer paused for less than
-    STALLED_AFTER_S is left alone: its client is reading, and gives its chunks back soon."""
-    return sum(writer.copy_out() for writer in list(_stalled) if writer.stalled)
+def give_back_paused() -> int:
+    """The writer paused longest of those whose responses hold chunks copies the chunk slices
+    it queues and gives their leases back (see the module's docstring); the bytes copied, at
+    least 1 when it gave leases back, 0 when no paused writer holds any. One writer a call,
+    so that the chunk cache asks for no more than the room it needs: a writer paused only
+    just may have a client that reads, and gives its chunks back soon, but a load waiting
+    for that room would wait out its fetch's remote.fetch.max.wait.ms in the meantime."""
+    for writer in sorted(_stalled, key=lambda w: w.paused_since):
+        held = len(set(writer.chunk_buffers()))
+        if not held:
+            continue
+        copied = writer.copy_out()
+        if copied or len(set(writer.chunk_buffers())) < held:
+            return max(copied, 1)
+    return 0
 
 
 def stalled_chunk_bytes() -> int:
@@ -98,7 +109,7 @@ def stalled_chunk_bytes() -> int:
 
 
 def copied_for_stalled() -> int:
-    """Bytes copied so far for stalled clients: chunk slices copied out by `give_back_stalled`,
+    """Bytes copied so far for clients that do not keep up: chunk slices copied out by `give_back_paused`,
     and pieces handed to the transport of a writer that was last paused for STALLED_AFTER_S
     or longer."""
     return _copied
@@ -197,6 +208,11 @@ class PacedWriter:
         self._queue.append(_Response(parts, leases))
         self._queued_bytes += sum(len(part) for part in parts)
         self._pump()
+
+    @property
+    def paused_since(self) -> float:
+        """When the transport last paused the writer (time.monotonic)."""
+        return self._paused_since
 
     @property
     def stalled(self) -> bool:

@@ -30,7 +30,7 @@ from tierproxy.remote_log.metrics import RemoteMetrics
 from tierproxy.remote_log.throttled_log import ThrottledLog
 
 from .fetch_turns import FetchTurns
-from .paced import give_back_stalled
+from .paced import give_back_paused
 
 log = logging.getLogger("tierproxy.tiered")
 
@@ -58,7 +58,7 @@ class RemoteTier:
         self.rsm.observe_requests(self.metrics.store_request)
         self.rlmm.observe_problems(self.metrics.metadata_problem)
         # Clients that stopped reading give their chunks back when others need the room.
-        self.engine.chunk_cache.on_full = give_back_stalled
+        self.engine.chunk_cache.on_full = give_back_paused
         self.unavailable_code = ErrorCode(config[TIERED_STORAGE_NOT_AVAILABLE_ERROR_CODE])
         # KIP-956: remote.log.manager.fetch.max.bytes.per.second, for the whole proxy: with
         # proxy.workers, one rate and one line of turns that all the workers share.

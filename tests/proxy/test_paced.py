@@ -14,21 +14,25 @@ import uvloop
 from tierproxy.proxy import paced
 from tierproxy.proxy.paced import (
     MIN_PIECE,
-    STALLED_AFTER_S,
     WAKE_PIECE,
     PacedWriter,
     copied_for_stalled,
-    give_back_stalled,
+    give_back_paused,
     socket_room,
 )
 
 
 class Leases:
-    def __init__(self) -> None:
+    def __init__(self, *held: object) -> None:
         self.released = 0
+        self.held = list(held)  # the chunk buffers held
 
     def release(self) -> None:
         self.released += 1
+        self.held = []
+
+    def buffers(self) -> list[object]:
+        return self.held
 
 
 class SlowTransport(asyncio.WriteTransport):
@@ -133,6 +137,35 @@ def test_every_byte_arrives_in_order_and_nothing_is_joined(joins: bool) -> None:
                    if not any(piece is original for original in originals))
     assert one.released == 1 and two.released == 1
     assert writer.pending_bytes == 0
+
+
+def test_the_writer_paused_longest_gives_its_chunks_back_first_one_at_a_time() -> None:
+    """When the chunk cache needs room, one writer a call gives its chunks back: the one
+    whose client has taken nothing for longest; a writer whose responses hold no chunk is
+    passed over."""
+    import gc
+    import time
+
+    gc.collect()  # no paused writer of another test is left
+    chunks = [mmap.mmap(-1, 1 << 20) for _ in range(3)]
+    writers, leases = [], []
+    for i, chunk in enumerate(chunks):
+        transport = SlowTransport(take=MIN_PIECE)
+        writer, _ = _writer(transport)
+        held = Leases(chunk) if i else Leases()  # the first one's response holds no chunk
+        writer.write([memoryview(chunk)[:1 << 19], memoryview(chunk)[1 << 19:]], held)
+        assert transport.paused  # its socket is full
+        writers.append(writer)
+        leases.append(held)
+        time.sleep(0.01)  # each paused after the one before
+    assert give_back_paused() > 0
+    assert [held.released for held in leases] == [0, 1, 0]
+    assert give_back_paused() > 0
+    assert [held.released for held in leases] == [0, 1, 1]
+    assert give_back_paused() == 0
+    for writer, chunk in zip(writers[1:], chunks[1:]):  # what they queue is a copy: the chunk may be reused
+        assert not any(isinstance(part, memoryview) and part.obj is chunk
+                       for response in writer._queue for part in response.parts)
 
 
 def test_leases_go_back_only_once_the_transport_sent_the_response() -> None:
@@ -251,9 +284,9 @@ def test_a_real_transport_sends_everything_in_order_to_a_slow_reader(run: Any) -
 
 @pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) -> None:
-    """A reader that stops: the writer stalls, and give_back_stalled has it copy the chunk
-    slices it queues and give every lease back, once it has been paused for STALLED_AFTER_S (the transport holds a copy, never a view
-    of a chunk); when the reader reads again every byte arrives, in order."""
+    """A reader that stops: the writer is paused, and give_back_paused has it copy the chunk
+    slices it queues and give every lease back (the transport holds a copy, never a view of
+    a chunk); when the reader reads again every byte arrives, in order."""
     chunk = mmap.mmap(-1, 4 << 20)
     chunk[:] = bytes(range(256)) * (len(chunk) // 256)
     parts = [memoryview(chunk)[i:i + (1 << 20)] for i in range(0, len(chunk), 1 << 20)]
@@ -268,21 +301,18 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         while sink.writer is None:
             await asyncio.sleep(0.001)
-        first, second = Leases(), Leases()
+        first, second = Leases(chunk), Leases(chunk)
         sink.writer.write(parts, first)
         sink.writer.write([frame, *parts], second)
-        for _ in range(200):  # the reader reads nothing: the writer stalls
+        for _ in range(200):  # the reader reads nothing: the writer is paused
             if sink.transport.get_write_buffer_size():
                 break
             await asyncio.sleep(0.005)
-        stalled = (first.released, second.released) == (0, 0)
-        # Paused only just: its client may be reading, its views stay.
-        copied_at_once = give_back_stalled()
-        await asyncio.sleep(STALLED_AFTER_S)
-        assert sink.writer.stalled
+        stalled = (first.released, second.released) == (0, 0)  # paused, its leases kept until asked
         before = copied_for_stalled()
-        copied = give_back_stalled()
+        copied = give_back_paused()
         assert copied_for_stalled() - before == copied  # what tierproxy_stalled_chunk_bytes_copied counts
+        assert give_back_paused() == 0  # nothing left to give back
         released = first.released + second.released
         chunk[:] = b"\xff" * len(chunk)  # the chunk's buffer reused: nothing queued may view it
         raw.setblocking(False)
@@ -300,13 +330,13 @@ def test_a_client_that_stops_reading_gives_its_chunks_back_when_asked(run: Any) 
         raw.close()
         sink.transport.close()
         server.close()
-        return bytes(received), copied, released, stalled and not copied_at_once
+        return bytes(received), copied, released, stalled
 
     original = bytes(range(256)) * (len(chunk) // 256)
     received, copied, released, stalled = run(main())
     assert stalled and released == 2
     assert 0 < copied <= 2 * len(chunk)
-    # What the socket had taken before give_back_stalled is the original; the rest too,
+    # What the socket had taken before give_back_paused is the original; the rest too,
     # from the copies: the reused buffer's 0xff never reaches the client.
     assert received == original + frame + original
 
