@@ -289,7 +289,7 @@ def proxy_counters(port: int, wanted: dict[str, str] | None = None) -> dict[str,
         for line in response.read().decode().splitlines():
             series, _, value = line.rpartition(" ")
             name = series.split("{", 1)[0]
-            for key in (name, series):
+            for key in {name, series}:  # a series without labels is its name: counted once
                 if key in wanted:
                     totals[wanted[key]] += float(value)
     return totals
