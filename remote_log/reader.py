@@ -364,7 +364,8 @@ class RemoteLogReader:
             offset_index = await self.index_cache.offset_index(segment)
             indexed = time_index.lookup(timestamp)
             position = offset_index.lookup(max(indexed.offset, starting_offset)).position
-            batches = self._batches(segment, position, starting_offset, read_ahead=False)
+            # Nothing of these batches is sent: the walk holds their chunks, not the response.
+            batches = self._batches(segment, position, starting_offset, read_ahead=False, sent=False)
             async with contextlib.aclosing(batches):
                 async for batch in batches:
                     if batch.header.max_timestamp < timestamp:
@@ -391,15 +392,16 @@ class RemoteLogReader:
 
     async def _batches(
         self, segment: RemoteLogSegmentMetadata, position: int, from_offset: int, *, read_ahead: bool,
-        read_ahead_to: int | None = None,
+        read_ahead_to: int | None = None, sent: bool = True,
     ) -> AsyncGenerator[Batch, None]:
         """With `read_ahead`, chunks load ahead of the one read, up to chunk `read_ahead_to`
-        if given."""
+        if given. Unless `sent` is False, the batches go into the response being made in
+        this context, if any, which holds their chunks."""
         blocks_checked = await self._store_checks_blocks(segment)
         cache = self.chunk_cache
         first = position // cache.chunk_size
         # Outside a response, the chunks of the batches not yet passed over are held here.
-        window = ChunkLeases(response=False) if current_leases() is None else None
+        window = ChunkLeases(response=False) if current_leases() is None or not sent else None
         held: collections.deque[tuple[int, memoryview]] = collections.deque()
 
         def from_position(chunk: bytes | memoryview, index: int) -> bytes | memoryview:

@@ -10,6 +10,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -508,6 +509,27 @@ async def test_timestamps_find_the_first_record_at_or_after(tmp_path: Path) -> N
         assert reader.latest_tiered_offset(partition.tp) == (partition.log_end_offset, 2)
         assert reader.latest_tiered_offset(new_tp()) is None
         assert await reader.offset_for_timestamp(new_tp(), 0) is None
+        await close(reader)
+
+
+async def test_a_timestamp_lookup_holds_no_chunk_for_its_response(tmp_path: Path) -> None:
+    """ListOffsets by timestamp sends no batch: the chunks its walk reads are held by the walk
+    and given back as it passes them, not by the response until it is written (where they
+    would count against the chunk cache's bound, and cut the walk itself short)."""
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition = await build_partition(rsm, rlmm, tmp_path / "work", segments=1, batches_per_segment=40)
+        reader = make_reader(rsm, rlmm, chunk_cache_bytes=2 * CHUNK, read_ahead=0)
+        late = partition.batches[-3]
+        target = BASE_TIMESTAMP_MS + 10 * late.base_offset  # its first record's (tests.helpers.remote_log)
+        response = ChunkLeases()
+
+        async def list_offsets() -> Any:
+            response_leases(response)
+            return await reader.offset_for_timestamp(partition.tp, target)
+
+        found = await asyncio.wait_for(asyncio.create_task(list_offsets()), 10)
+        assert (found.timestamp, found.offset) == (target, late.base_offset)
+        assert len(response) == 0
         await close(reader)
 
 
