@@ -241,12 +241,35 @@ class ChunkCache:
             self._metrics.hit()
             return data
         self._metrics.miss()
-        claim = _Claim()
-        self._claims.setdefault(key, []).append(claim)
         # A response that holds chunks already is not kept waiting for room (ResponseCutShort).
         waits = leases is None or not leases.response or not len(leases)
+        while True:
+            try:
+                data = await self._claim(segment, index, leases, waits)
+                break
+            except ResponseCutShort:
+                if not waits:
+                    raise
+            # The load this reader joined was for a response that holds chunks, and gave up;
+            # this one holds none: it loads the chunk itself, waiting for room, unless another
+            # reader has meanwhile.
+            data = self._take(key)
+            if data is not None:
+                if leases is not None:
+                    leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
+                break
+        self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
+        return data
+
+    async def _claim(self, segment: RemoteLogSegmentMetadata, index: int, leases: ChunkLeases | None,
+                     waits: bool) -> memoryview:
+        """Chunk `index` as its load (this reader's, or one in flight that it joins) ends,
+        leased to `leases` before any other reader resumes."""
+        key = (segment.segment_id.id, index)
+        claim = _Claim()
+        self._claims.setdefault(key, []).append(claim)
         try:
-            data = await self._flight.run(key, lambda: self._load(segment, index, reserved=0, waits=waits))
+            return await self._flight.run(key, lambda: self._load(segment, index, reserved=0, waits=waits))
         finally:
             claims = self._claims.get(key)
             if claims is not None and claim in claims:
@@ -257,8 +280,6 @@ class ChunkCache:
                 if leases is not None:
                     leases.hold(self._buffers, claim.buffer)
                 self._buffers.release(claim.buffer, response=False)
-        self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
-        return data
 
     def invalidate(self, segment_id: uuid.UUID) -> None:
         """Drop a segment's chunks (its bytes failed a check, or it was deleted)."""

@@ -350,6 +350,34 @@ async def test_responses_that_each_hold_part_of_the_bound_are_cut_short_not_kept
         await cache.close()
 
 
+async def test_a_reader_holding_nothing_waits_even_if_the_load_it_joined_was_cut_short(tmp_path: Path) -> None:
+    """Two readers miss the same chunk at once: the first for a response that holds the bound,
+    the second for one that holds nothing. The load is one; cut short for the first, it is
+    not for the second, which waits for room as any reader holding nothing does, and is
+    served once the first response is written."""
+    from tierproxy.storage.backoff import read_deadline
+
+    async with local_remote_log(tmp_path) as (rsm, rlmm):
+        partition, segment, cache, stuck = await _bound_full_of_held_chunks(tmp_path, rsm, rlmm)
+
+        async def read(leases: ChunkLeases) -> bytes:
+            with read_deadline(30):
+                return bytes(await cache.get(segment, 2, leases=leases))
+
+        holding = asyncio.create_task(read(stuck))  # starts the load
+        fresh = ChunkLeases()
+        joining = asyncio.create_task(read(fresh))  # joins it
+        with pytest.raises(ResponseCutShort):
+            await asyncio.wait_for(holding, 10)
+        await asyncio.sleep(0.1)
+        assert not joining.done()  # waiting for room, not failed with the other's answer
+        stuck.release()
+        assert await asyncio.wait_for(joining, 10) == partition.log_of(0)[2 * CHUNK:3 * CHUNK]
+        assert len(fresh) == 1
+        fresh.release()
+        await cache.close()
+
+
 async def test_a_load_waiting_for_room_asks_again_for_holders_to_give_chunks_back(tmp_path: Path) -> None:
     """The room is held by a response whose client reads, so at first nothing can be given
     back; its socket then fills and its chunks can be: the waiting load asks again within
