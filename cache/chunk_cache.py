@@ -231,9 +231,7 @@ class ChunkCache:
         if leases is None:
             leases = current_leases()
         key = (segment.segment_id.id, index)
-        data = self._take(key)
-        if data is not None and leases is not None:  # before the read-ahead evicts anything
-            leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
+        data = self._take_leased(key, leases)  # before the read-ahead evicts anything
         if read_ahead:
             # Before waiting on a miss: the next chunks load alongside this one.
             self.prefetch(segment, index + 1, self.read_ahead_chunks)
@@ -246,20 +244,17 @@ class ChunkCache:
         while True:
             try:
                 data = await self._claim(segment, index, leases, waits)
-                break
+                self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
+                return data
             except ResponseCutShort:
                 if not waits:
                     raise
             # The load this reader joined was for a response that holds chunks, and gave up;
             # this one holds none: it loads the chunk itself, waiting for room, unless another
             # reader has meanwhile.
-            data = self._take(key)
+            data = self._take_leased(key, leases)
             if data is not None:
-                if leases is not None:
-                    leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
-                break
-        self._take(key)  # it may have arrived as a prefetch another reader started: now it is read
-        return data
+                return data
 
     async def _claim(self, segment: RemoteLogSegmentMetadata, index: int, leases: ChunkLeases | None,
                      waits: bool) -> memoryview:
@@ -297,6 +292,13 @@ class ChunkCache:
         self._buffers.clear()
 
     # ------------------------------------------------------------------ internals
+
+    def _take_leased(self, key: ChunkKey, leases: ChunkLeases | None) -> memoryview | None:
+        """A cached chunk, marked most recently read and leased to `leases`."""
+        data = self._take(key)
+        if data is not None and leases is not None:
+            leases.hold(self._buffers, data.obj)  # type: ignore[arg-type]  # a chunk's view is over its mmap buffer
+        return data
 
     def _take(self, key: ChunkKey) -> memoryview | None:
         """A cached chunk, marked most recently read."""

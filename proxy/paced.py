@@ -75,7 +75,7 @@ _UNSIGNED = struct.Struct("I")
 
 # The writers of this process whose transport is paused (the client reads slower than
 # they write), for give_back_paused.
-_stalled: weakref.WeakSet[PacedWriter] = weakref.WeakSet()
+_paused_writers: weakref.WeakSet[PacedWriter] = weakref.WeakSet()
 
 
 _copied = 0  # bytes copied for clients whose socket was full, since the process started
@@ -88,7 +88,7 @@ def give_back_paused() -> int:
     so that the chunk cache asks for no more than the room it needs: a writer paused only
     just may have a client that reads, and gives its chunks back soon, but a load waiting
     for that room would wait out its fetch's remote.fetch.max.wait.ms in the meantime."""
-    for writer in sorted(_stalled, key=lambda w: w.paused_since):
+    for writer in sorted(_paused_writers, key=lambda w: w.paused_since):
         held = len(set(writer.chunk_buffers()))
         if not held:
             continue
@@ -102,7 +102,7 @@ def stalled_chunk_bytes() -> int:
     """Bytes of the chunks that the responses of stalled writers hold now, each chunk once
     however many of them hold it."""
     held: set[object] = set()
-    for writer in list(_stalled):
+    for writer in list(_paused_writers):
         if writer.stalled:
             held.update(writer.chunk_buffers())
     return sum(len(buffer) for buffer in held)  # type: ignore[arg-type, misc]  # chunk buffers have a length
@@ -231,13 +231,13 @@ class PacedWriter:
         """The transport's pause_writing: it holds unsent bytes."""
         self._paused = True
         self._paused_since = time.monotonic()
-        _stalled.add(self)
+        _paused_writers.add(self)
 
     def resume_writing(self) -> None:
         """The transport's resume_writing: it sent everything it held."""
         self._was_stalled = self.stalled
         self._paused = False
-        _stalled.discard(self)
+        _paused_writers.discard(self)
         self._release_handed()
         self._pump()
 
@@ -291,7 +291,7 @@ class PacedWriter:
     def connection_lost(self) -> None:
         """Nothing more is sent: every lease goes back."""
         self._closed = True
-        _stalled.discard(self)
+        _paused_writers.discard(self)
         self._release_handed()
         while self._queue:
             leases = self._queue.popleft().leases

@@ -10,8 +10,8 @@
 
 plus the record bytes served (`tierproxy_remote_fetch_bytes_total{topic}`), remote
 fetches that ran out of `remote.fetch.max.wait.ms` (`..._remote_fetch_expired_total`) or
-were cut short for room in the chunk cache (`..._remote_fetch_cut_short_total`) and, per cache (`cache` = index | chunk), hits, misses, evictions, prefetches, bytes
-and entries. Rates are Prometheus' job (`rate(...[1m])`).
+were cut short for room in the chunk cache (`..._remote_fetch_cut_short_total`) and, per
+cache (`cache` = index | chunk), hits, misses, evictions, prefetches, bytes and entries. Rates are Prometheus' job (`rate(...[1m])`).
 
 Everything is registered on the CollectorRegistry passed in, so a test builds a
 fresh one and reads values back with `value()`.
